@@ -1,0 +1,33 @@
+"""The project's exceptions: one base class, one subclass per area.
+
+Every message names what was received and what is allowed, in the style of the
+Keras callbacks: ``epochs must be between 1 and 1000, got 0``.
+"""
+
+
+class TrainingError(Exception):
+    """Base class of every error this project raises on purpose."""
+
+
+class ConfigError(TrainingError, ValueError):
+    """A configuration value is missing, unknown or out of range."""
+
+
+class DatasetError(TrainingError):
+    """A dataset cannot be found, staged, verified or read."""
+
+
+class StorageError(TrainingError):
+    """The object store refused or failed an operation."""
+
+
+class ConflictError(StorageError):
+    """A conditional write lost: the object exists or changed since it was read."""
+
+
+class IntegrityError(StorageError):
+    """Stored bytes do not match their recorded checksum."""
+
+
+class RegistryError(TrainingError):
+    """A model registry operation was refused (bad name, unknown version, ...)."""
