@@ -1,0 +1,193 @@
+"""Callbacks and strategy-scoped ``model.fit``.
+
+``train`` builds, compiles and fits inside ``strategy.scope()`` and writes, into the
+run directory (``<output_dir>/<run_id>/``):
+
+* ``config.json``      the effective config (written first);
+* ``run.json``         effective strategy values, dataset key, software versions;
+* ``model.keras``      the final model: the best epoch's weights when
+                       ``restore_best_weights`` is on;
+* ``checkpoints/best.keras``  ModelCheckpoint of the best epoch;
+* ``saved_model/``     a SavedModel export for serving (``serve`` signature, raw pixels);
+* ``history.json`` / ``history.csv``  per-epoch metrics and learning rate.
+
+``backup/`` holds BackupAndRestore state while training runs: a re-run with the same
+run id resumes from the last finished epoch. Only the chief writes these files; other
+workers of a multi-worker run write to a temporary directory that is removed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from training import datasets, models
+from training.config import FitConfig, RunConfig
+from training.datasets import StagedDataset
+from training.strategy import resolve
+
+log = logging.getLogger(__name__)
+
+
+def make_callbacks(fit: FitConfig, run_dir: Path) -> list[Any]:
+    """EarlyStopping, ReduceLROnPlateau, best checkpoint, backup, NaN guard, CSV log."""
+    import keras
+
+    (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
+    mode = "max" if fit.early_stopping_monitor.endswith("accuracy") else "min"
+    return [
+        keras.callbacks.BackupAndRestore(backup_dir=os.fspath(run_dir / "backup")),
+        keras.callbacks.TerminateOnNaN(),
+        keras.callbacks.EarlyStopping(
+            monitor=fit.early_stopping_monitor,
+            mode=mode,
+            patience=fit.early_stopping_patience,
+            min_delta=fit.early_stopping_min_delta,
+            restore_best_weights=fit.restore_best_weights,
+            verbose=1,
+        ),
+        keras.callbacks.ReduceLROnPlateau(
+            monitor=fit.early_stopping_monitor,
+            mode=mode,
+            factor=fit.reduce_lr_factor,
+            patience=fit.reduce_lr_patience,
+            min_lr=fit.min_lr,
+            verbose=1,
+        ),
+        keras.callbacks.ModelCheckpoint(
+            os.fspath(run_dir / "checkpoints" / "best.keras"),
+            monitor=fit.early_stopping_monitor,
+            mode=mode,
+            save_best_only=True,
+        ),
+        keras.callbacks.CSVLogger(os.fspath(run_dir / "history.csv"), append=True),
+    ]
+
+
+def software_versions() -> dict[str, str]:
+    import keras
+    import tensorflow as tf
+    import tensorflow_datasets as tfds
+
+    import training
+
+    return {
+        "python": platform.python_version(),
+        "tensorflow": tf.__version__,
+        "keras": keras.__version__,
+        "tensorflow_datasets": tfds.__version__,
+        "training": training.__version__,
+    }
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    run_dir: str
+    model_path: str
+    saved_model_path: str
+    epochs_run: int
+    best_epoch: int | None
+    stopped_epoch: int | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def _history_summary(history: Any, callbacks: list[Any]) -> dict[str, Any]:
+    import keras
+
+    stopper = next(c for c in callbacks if isinstance(c, keras.callbacks.EarlyStopping))
+    metrics = {k: [float(v) for v in vals] for k, vals in history.history.items()}
+    lrs = metrics.get("learning_rate", [])
+    epochs = list(history.epoch)
+    return {
+        "epochs": [e + 1 for e in epochs],
+        "metrics": metrics,
+        "lr_reduced_at_epochs": [
+            epochs[i] + 1 for i in range(1, len(lrs)) if lrs[i] < lrs[i - 1]
+        ],
+        "early_stopping": {
+            "monitor": stopper.monitor,
+            "stopped_epoch": stopper.stopped_epoch + 1 if stopper.stopped_epoch else None,
+            "best_epoch": stopper.best_epoch + 1 if stopper.best_weights is not None else None,
+            "best_value": float(stopper.best) if stopper.best_weights is not None else None,
+            "restored_best_weights": bool(stopper.restore_best_weights
+                                          and stopper.best_weights is not None),
+        },
+    }
+
+
+def train(cfg: RunConfig, staged: StagedDataset, **resolve_kwargs: Any) -> TrainResult:
+    """Fit the configured model on a staged dataset; write the outputs (chief only)."""
+    import keras
+
+    keras.utils.set_random_seed(cfg.fit.seed)
+    keras.mixed_precision.set_global_policy(cfg.runtime.mixed_precision)
+    resolved = resolve(cfg, **resolve_kwargs)
+    datasets.verify(staged)  # before any training: a corrupted shard stops here
+
+    final_dir = cfg.run_dir()
+    run_dir = final_dir if resolved.is_chief else Path(tempfile.mkdtemp(prefix="worker-"))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    cfg.write(run_dir)
+    (run_dir / "run.json").write_text(json.dumps({
+        "run_id": cfg.run_id,
+        "dataset": staged.to_dict(),
+        "strategy": resolved.to_dict(),
+        "software": software_versions(),
+    }, indent=2) + "\n")
+
+    builder = datasets.load_builder(staged)
+    info = datasets.dataset_info(builder)
+    splits = datasets.split_names(builder, cfg.dataset.validation_fraction)
+    batch = resolved.global_batch_size
+    train_ds = datasets.make_dataset(builder, splits["train"], global_batch_size=batch,
+                                     shuffle=True, seed=cfg.fit.seed,
+                                     shuffle_buffer=cfg.dataset.shuffle_buffer)
+    val_ds = datasets.make_dataset(builder, splits["validation"], global_batch_size=batch,
+                                   shuffle=False, seed=cfg.fit.seed)
+
+    with resolved.strategy.scope():
+        model = models.build(cfg.model.name, info["input_shape"], info["num_classes"])
+        model.compile(
+            optimizer=keras.optimizers.Adam(learning_rate=resolved.learning_rate),
+            loss="sparse_categorical_crossentropy",
+            metrics=["accuracy"],
+            steps_per_execution=cfg.fit.steps_per_execution,
+            jit_compile=cfg.runtime.jit_compile,
+        )
+    callbacks = make_callbacks(cfg.fit, run_dir)
+    log.info("training %s on %s for up to %d epochs", cfg.model.name, staged.key,
+             cfg.fit.epochs)
+    history = model.fit(train_ds, validation_data=val_ds, epochs=cfg.fit.epochs,
+                        callbacks=callbacks, verbose=2)
+
+    summary = _history_summary(history, callbacks)
+    (run_dir / "history.json").write_text(json.dumps(summary, indent=2) + "\n")
+    model_path = run_dir / "model.keras"
+    model.save(model_path)
+    saved_model_path = run_dir / "saved_model"
+    if saved_model_path.exists():
+        shutil.rmtree(saved_model_path)  # a retry replaces a half-written export
+    model.export(os.fspath(saved_model_path), format="tf_saved_model", verbose=False)
+    if not resolved.is_chief:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        run_dir = final_dir
+    es = summary["early_stopping"]
+    log.info("trained %d epochs (best epoch %s); model at %s", len(summary["epochs"]),
+             es["best_epoch"], final_dir / "model.keras")
+    return TrainResult(
+        run_dir=os.fspath(final_dir),
+        model_path=os.fspath(final_dir / "model.keras"),
+        saved_model_path=os.fspath(final_dir / "saved_model"),
+        epochs_run=len(summary["epochs"]),
+        best_epoch=es["best_epoch"],
+        stopped_epoch=es["stopped_epoch"],
+    )

@@ -1,0 +1,85 @@
+"""Model builders by name. Adding a model is one decorated function.
+
+Every builder takes the dataset's image shape and class count and returns an
+uncompiled Keras model whose input is raw pixels (uint8, 0-255): scaling happens in
+a ``Rescaling`` layer, so the exported model serves raw images.
+
+Keras is imported inside the builders, so ``import training.models`` stays cheap and
+the config can list the registered names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+Builder = Callable[[tuple[int, ...], int], Any]
+MODELS: dict[str, Builder] = {}
+
+
+def register(name: str) -> Callable[[Builder], Builder]:
+    def add(builder: Builder) -> Builder:
+        if name in MODELS:
+            raise ValueError(f"model {name!r} is already registered")
+        MODELS[name] = builder
+        return builder
+
+    return add
+
+
+def build(name: str, input_shape: tuple[int, ...], num_classes: int) -> Any:
+    from training.errors import ConfigError
+
+    if name not in MODELS:
+        raise ConfigError(f"model.name must be one of {', '.join(MODELS)}, got {name!r}")
+    return MODELS[name](tuple(input_shape), int(num_classes))
+
+
+def _inputs(input_shape: tuple[int, ...]) -> tuple[Any, Any]:
+    import keras
+
+    inputs = keras.Input(shape=input_shape, dtype="uint8", name="image")
+    return inputs, keras.layers.Rescaling(1.0 / 255, name="rescale")(inputs)
+
+
+@register("mlp")
+def mlp(input_shape: tuple[int, ...], num_classes: int) -> Any:
+    """The seed's MNIST model: Dense 512 relu, Dropout 0.2, softmax; flattens any shape."""
+    import keras
+    from keras import layers
+
+    inputs, x = _inputs(input_shape)
+    x = layers.Flatten()(x)
+    x = layers.Dense(512, activation="relu")(x)
+    x = layers.Dropout(0.2)(x)
+    outputs = layers.Dense(num_classes, activation="softmax", dtype="float32")(x)
+    return keras.Model(inputs, outputs, name="mlp")
+
+
+@register("cnn")
+def cnn(input_shape: tuple[int, ...], num_classes: int) -> Any:
+    """The seed's CIFAR-10 network, layer for layer.
+
+    Two blocks of Conv-BN-Conv-BN-MaxPool-Dropout(0.25) with 32 then 64 filters (the
+    first conv of each block ``padding='same'``), Flatten, Dense 512 relu + BN +
+    Dropout 0.5, softmax. On images too small for a 2x2 valid pooling (8x8 digits reach
+    the second pooling at 1x1), that pooling uses ``padding='same'``.
+    """
+    import keras
+    from keras import layers
+
+    inputs, x = _inputs(input_shape)
+    for filters in (32, 64):
+        x = layers.Conv2D(filters, 3, padding="same", activation="relu")(x)
+        x = layers.BatchNormalization()(x)
+        x = layers.Conv2D(filters, 3, activation="relu")(x)
+        x = layers.BatchNormalization()(x)
+        too_small = min(x.shape[1], x.shape[2]) < 2
+        x = layers.MaxPooling2D(2, padding="same" if too_small else "valid")(x)
+        x = layers.Dropout(0.25)(x)
+    x = layers.Flatten()(x)
+    x = layers.Dense(512, activation="relu")(x)
+    x = layers.BatchNormalization()(x)
+    x = layers.Dropout(0.5)(x)
+    outputs = layers.Dense(num_classes, activation="softmax", dtype="float32")(x)
+    return keras.Model(inputs, outputs, name="cnn")

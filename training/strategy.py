@@ -1,0 +1,199 @@
+"""Strategy resolution, device selection, global batch and learning-rate scaling.
+
+``choose_kind`` is the decision (pure, every branch unit-tested); ``resolve`` probes the
+machine (TPU resolver, ``TF_CONFIG``, visible GPUs), calls it, and builds the
+``tf.distribute`` strategy. ``auto`` picks, in order:
+
+1. ``tpu`` when a TPU resolver answers (only tried when a TPU is named or the host
+   looks like a TPU VM, so a plain machine never waits on a metadata server);
+2. ``multi_worker`` when ``TF_CONFIG`` names more than one worker;
+3. ``mirrored`` when more than one GPU is selected;
+4. ``one_device`` otherwise (the first selected GPU, else the CPU).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from training.config import RunConfig, RuntimeConfig
+from training.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+KINDS = ("one_device", "mirrored", "multi_worker", "tpu")
+
+
+def tf_config_workers(tf_config: str | None) -> int:
+    """Number of tasks (chief + workers) that ``TF_CONFIG`` names; 0 when unset."""
+    if not tf_config:
+        return 0
+    try:
+        cluster = json.loads(tf_config).get("cluster", {})
+    except (json.JSONDecodeError, AttributeError):
+        raise ConfigError(
+            f"TF_CONFIG must be a JSON object with a cluster, got {tf_config!r}"
+        ) from None
+    return len(cluster.get("chief", [])) + len(cluster.get("worker", []))
+
+
+def choose_kind(requested: str, *, tpu_available: bool, workers_in_tf_config: int,
+                gpus: int) -> str:
+    """The strategy kind for a request, given what the machine offers."""
+    if requested != "auto":
+        if requested not in KINDS:
+            raise ConfigError(
+                f"runtime.strategy must be one of auto, {', '.join(KINDS)}, got {requested!r}"
+            )
+        return requested
+    if tpu_available:
+        return "tpu"
+    if workers_in_tf_config > 1:
+        return "multi_worker"
+    if gpus > 1:
+        return "mirrored"
+    return "one_device"
+
+
+def select_devices(runtime: RuntimeConfig, gpu_names: list[str]) -> list[str]:
+    """The devices to train on: the explicit list, else the first N GPUs, else the CPU."""
+    if runtime.devices:
+        return list(runtime.devices)
+    if runtime.num_gpus:
+        if runtime.num_gpus > len(gpu_names):
+            raise ConfigError(
+                f"runtime.num_gpus asks for {runtime.num_gpus} GPUs but {len(gpu_names)} "
+                f"are visible ({', '.join(gpu_names) or 'none'})"
+            )
+        return gpu_names[: runtime.num_gpus]
+    return gpu_names or ["/cpu:0"]
+
+
+def scaled_learning_rate(base: float, rule: str, replicas: int) -> float:
+    if rule == "none":
+        return base
+    if rule == "linear":
+        return base * replicas
+    if rule == "sqrt":
+        return base * math.sqrt(replicas)
+    raise ConfigError(f"fit.lr_scaling must be one of none, linear, sqrt, got {rule!r}")
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """The strategy and the effective values it implies; ``to_dict`` is recorded."""
+
+    strategy: Any
+    kind: str
+    devices: list[str]
+    replicas: int
+    global_batch_size: int
+    learning_rate: float
+    is_chief: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "devices": self.devices,
+            "replicas_in_sync": self.replicas,
+            "global_batch_size": self.global_batch_size,
+            "learning_rate": self.learning_rate,
+            "is_chief": self.is_chief,
+        }
+
+
+def _looks_like_tpu_host() -> bool:
+    return bool(os.environ.get("TPU_NAME")) or os.path.exists("/dev/accel0") or os.path.exists(
+        "/dev/vfio/0"
+    )
+
+
+def default_tpu_resolver(tpu: str) -> Any:
+    import tensorflow as tf
+
+    return tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu or None)
+
+
+def is_chief(tf_config: str | None) -> bool:
+    """Chief = task 'chief', or worker 0 when there is no chief; True without TF_CONFIG."""
+    if not tf_config:
+        return True
+    data = json.loads(tf_config)
+    task = data.get("task", {})
+    if task.get("type") == "chief":
+        return True
+    has_chief = bool(data.get("cluster", {}).get("chief"))
+    return task.get("type", "worker") == "worker" and int(task.get("index", 0)) == 0 and not (
+        has_chief
+    )
+
+
+def resolve(
+    cfg: RunConfig,
+    *,
+    tpu_resolver: Callable[[str], Any] = default_tpu_resolver,
+) -> Resolved:
+    """Build the strategy the config asks for; log and return the effective values."""
+    import tensorflow as tf
+
+    runtime = cfg.runtime
+    tf_config = os.environ.get("TF_CONFIG")
+    resolver = None
+    if runtime.strategy == "tpu" or (
+        runtime.strategy == "auto" and (runtime.tpu or _looks_like_tpu_host())
+    ):
+        try:
+            resolver = tpu_resolver(runtime.tpu)
+        except (ValueError, RuntimeError) as exc:
+            if runtime.strategy == "tpu":
+                raise ConfigError(
+                    f"runtime.strategy is 'tpu' but no TPU answered for runtime.tpu="
+                    f"{runtime.tpu!r}: {exc}"
+                ) from None
+            log.info("no TPU answered (%s); looking for other devices", exc)
+    gpu_names = [f"/gpu:{i}" for i in range(len(tf.config.list_physical_devices("GPU")))]
+    devices = select_devices(runtime, gpu_names)
+    kind = choose_kind(
+        runtime.strategy,
+        tpu_available=resolver is not None,
+        workers_in_tf_config=tf_config_workers(tf_config),
+        gpus=sum(1 for d in devices if "gpu" in d.lower()),
+    )
+    if kind == "tpu":
+        strategy = _tpu_strategy(resolver)
+    elif kind == "multi_worker":
+        strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    elif kind == "mirrored":
+        strategy = tf.distribute.MirroredStrategy(devices=devices)
+    else:
+        strategy = tf.distribute.OneDeviceStrategy(devices[0])
+    replicas = strategy.num_replicas_in_sync
+    resolved = Resolved(
+        strategy=strategy,
+        kind=kind,
+        devices=devices if kind in ("one_device", "mirrored") else [],
+        replicas=replicas,
+        global_batch_size=cfg.fit.batch_size * replicas,
+        learning_rate=scaled_learning_rate(cfg.fit.learning_rate, cfg.fit.lr_scaling, replicas),
+        is_chief=is_chief(tf_config),
+    )
+    log.info(
+        "strategy %s on %s: %d replicas, global batch %d (%d per replica), "
+        "learning rate %g (%s scaling of %g)",
+        kind, resolved.devices or "the cluster", replicas, resolved.global_batch_size,
+        cfg.fit.batch_size, resolved.learning_rate, cfg.fit.lr_scaling, cfg.fit.learning_rate,
+    )
+    return resolved
+
+
+def _tpu_strategy(resolver: Any) -> Any:
+    import tensorflow as tf
+
+    tf.config.experimental_connect_to_cluster(resolver)
+    tf.tpu.experimental.initialize_tpu_system(resolver)
+    return tf.distribute.TPUStrategy(resolver)
