@@ -167,7 +167,8 @@ def train(cfg: RunConfig, staged: StagedDataset, **resolve_kwargs: Any) -> Train
     log.info("training %s on %s for up to %d epochs", cfg.model.name, staged.key,
              cfg.fit.epochs)
     history = model.fit(train_ds, validation_data=val_ds, epochs=cfg.fit.epochs,
-                        callbacks=callbacks, verbose=2)
+                        callbacks=callbacks, verbose=2,
+                        shuffle=False)  # the tf.data pipeline shuffles, seeded
 
     summary = _history_summary(history, callbacks)
     (run_dir / "history.json").write_text(json.dumps(summary, indent=2) + "\n")

@@ -56,6 +56,9 @@ def mlp(input_shape: tuple[int, ...], num_classes: int) -> Any:
     return keras.Model(inputs, outputs, name="mlp")
 
 
+BN_MOMENTUM = 0.9
+
+
 @register("cnn")
 def cnn(input_shape: tuple[int, ...], num_classes: int) -> Any:
     """The seed's CIFAR-10 network, layer for layer.
@@ -64,6 +67,11 @@ def cnn(input_shape: tuple[int, ...], num_classes: int) -> Any:
     first conv of each block ``padding='same'``), Flatten, Dense 512 relu + BN +
     Dropout 0.5, softmax. On images too small for a 2x2 valid pooling (8x8 digits reach
     the second pooling at 1x1), that pooling uses ``padding='same'``.
+
+    BatchNormalization uses momentum 0.9 rather than Keras' 0.99: the moving statistics
+    then settle within the few hundred steps a small dataset gives (digits has 20 steps
+    an epoch; with 0.99 validation accuracy stays at chance for 15+ epochs), and on
+    CIFAR-10's 780 steps an epoch the two are the same after the first epoch.
     """
     import keras
     from keras import layers
@@ -71,15 +79,15 @@ def cnn(input_shape: tuple[int, ...], num_classes: int) -> Any:
     inputs, x = _inputs(input_shape)
     for filters in (32, 64):
         x = layers.Conv2D(filters, 3, padding="same", activation="relu")(x)
-        x = layers.BatchNormalization()(x)
+        x = layers.BatchNormalization(momentum=BN_MOMENTUM)(x)
         x = layers.Conv2D(filters, 3, activation="relu")(x)
-        x = layers.BatchNormalization()(x)
+        x = layers.BatchNormalization(momentum=BN_MOMENTUM)(x)
         too_small = min(x.shape[1], x.shape[2]) < 2
         x = layers.MaxPooling2D(2, padding="same" if too_small else "valid")(x)
         x = layers.Dropout(0.25)(x)
     x = layers.Flatten()(x)
     x = layers.Dense(512, activation="relu")(x)
-    x = layers.BatchNormalization()(x)
+    x = layers.BatchNormalization(momentum=BN_MOMENTUM)(x)
     x = layers.Dropout(0.5)(x)
     outputs = layers.Dense(num_classes, activation="softmax", dtype="float32")(x)
     return keras.Model(inputs, outputs, name="cnn")

@@ -1,0 +1,83 @@
+"""``python -m training`` as a user runs it: real subprocesses in an empty directory."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+def cli(cwd: Path, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    return subprocess.run([sys.executable, "-m", "training", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def last_json(stdout: str) -> dict:
+    return json.loads([line for line in stdout.splitlines() if line.startswith("{")][-1])
+
+
+def test_main_command_trains_the_seed_mlp_on_digits_to_95_percent(tmp_path):
+    proc = cli(tmp_path, "run")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = last_json(proc.stdout)
+    assert result["test_accuracy"] >= 0.95
+    assert "Epoch 1/30" in proc.stdout  # progress is visible
+    run_dirs = list((tmp_path / "runs").iterdir())
+    assert len(run_dirs) == 1
+    evaluation = json.loads((run_dirs[0] / "evaluation.json").read_text())
+    assert evaluation["accuracy"] == result["test_accuracy"]
+    assert len(evaluation["confusion_matrix"]) == 10
+    assert {"precision", "recall", "f1"} <= set(evaluation["per_class"][0])
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--epochs", "0"], "fit.epochs must be between 1 and 1000, got 0"),
+        (["--batch-size", "-1"], "fit.batch_size must be between 1 and 65536, got -1"),
+        (["--dataset", "nope"], "dataset.name must be 'digits' or a tensorflow-datasets "
+                                "image-classification dataset (e.g. mnist, fashion_mnist, "
+                                "cifar10), got 'nope'"),
+        (["--model", "nope"], "model.name must be one of 'mlp', 'cnn', got 'nope'"),
+        (["--config", "cfg.json"], "unknown config key fit.epoch; allowed: epochs"),
+    ],
+)
+def test_bad_input_exits_nonzero_with_one_line_and_writes_nothing(tmp_path, args, message):
+    (tmp_path / "cfg.json").write_text(json.dumps({"fit": {"epoch": 3}}))
+    proc = cli(tmp_path, "run", *args)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1].startswith(f"error: {message}")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cfg.json"]
+
+
+def test_stage_twice_is_a_cache_hit_and_a_flipped_byte_stops_training(tmp_path):
+    first = cli(tmp_path, "stage")
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "preparing into" in first.stderr
+    second = cli(tmp_path, "stage")
+    assert "cache hit" in second.stderr and "preparing" not in second.stderr
+    assert last_json(first.stdout) == last_json(second.stdout)
+
+    shard = next(Path(tmp_path, "var/datasets/digits/1.0.0").glob("digits-train.tfrecord-*"))
+    data = bytearray(shard.read_bytes())
+    data[100] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    proc = cli(tmp_path, "train", "--epochs", "1")
+    assert proc.returncode == 1
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"error: staged file {shard.relative_to(tmp_path)} is corrupted")
+    assert not (tmp_path / "runs").exists()
+
+
+def test_every_command_has_help_with_every_flag(tmp_path):
+    for command in ("stage", "train", "evaluate", "run"):
+        proc = cli(tmp_path, command, "--help")
+        assert proc.returncode == 0
+        for flag in ("--config", "--epochs", "--batch-size", "--dataset", "--model",
+                     "--strategy", "--lr-scaling", "--restore-best-weights", "--store-uri"):
+            assert flag in proc.stdout, (command, flag)

@@ -1,0 +1,106 @@
+"""Real Keras training on the staged digits dataset (CPU)."""
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from training import datasets
+from training.config import RunConfig
+from training.fit import train
+
+pytestmark = pytest.mark.slow
+
+
+def test_run_directory_holds_every_output(trained_run):
+    cfg, result = trained_run
+    run_dir = Path(result.run_dir)
+    for name in ("config.json", "run.json", "model.keras", "checkpoints/best.keras",
+                 "saved_model/saved_model.pb", "history.json", "history.csv"):
+        assert (run_dir / name).exists(), name
+    assert RunConfig.from_file(run_dir / "config.json") == cfg
+    run = json.loads((run_dir / "run.json").read_text())
+    assert run["strategy"]["global_batch_size"] == cfg.fit.batch_size
+    assert run["software"]["keras"].startswith("3.")
+    history = json.loads((run_dir / "history.json").read_text())
+    assert history["epochs"] == list(range(1, cfg.fit.epochs + 1))
+    assert set(history["metrics"]) >= {"loss", "accuracy", "val_loss", "val_accuracy",
+                                       "learning_rate"}
+    assert not (run_dir / "backup").exists()  # removed by BackupAndRestore after success
+
+
+def test_saved_model_predicts_the_same_classes_as_the_keras_model(trained_run, staged_digits):
+    import keras
+    import tensorflow as tf
+
+    _, result = trained_run
+    model = keras.saving.load_model(result.model_path, safe_mode=True)
+    served = tf.saved_model.load(result.saved_model_path)
+    builder = datasets.load_builder(staged_digits)
+    test = datasets.make_dataset(builder, "test", global_batch_size=128, shuffle=False, seed=0)
+    keras_classes, served_classes = [], []
+    for images, _ in test:
+        keras_classes.append(np.argmax(model.predict(images, verbose=0), axis=1))
+        served_classes.append(np.argmax(served.serve(images).numpy(), axis=1))
+    keras_classes = np.concatenate(keras_classes)
+    assert len(keras_classes) == 359
+    assert np.array_equal(keras_classes, np.concatenate(served_classes))
+
+
+def test_plateau_fires_early_stopping_and_lr_reduction_and_restores_the_best_epoch(
+    staged_digits, tmp_path
+):
+    import keras
+
+    # A large learning rate makes the validation loss bounce around a plateau quickly.
+    cfg = RunConfig.from_flat({
+        "staging_dir": staged_digits.staging_dir, "output_dir": os.fspath(tmp_path),
+        "epochs": 40, "learning_rate": 0.05, "early_stopping_patience": 3,
+        "reduce_lr_patience": 1, "reduce_lr_factor": 0.5, "strategy": "one_device",
+    })
+    result = train(cfg, staged_digits)
+    history = json.loads((Path(result.run_dir) / "history.json").read_text())
+    val_loss = history["metrics"]["val_loss"]
+    es = history["early_stopping"]
+
+    assert es["stopped_epoch"] is not None and es["stopped_epoch"] < cfg.fit.epochs
+    assert len(val_loss) == es["stopped_epoch"]
+    assert es["best_epoch"] == int(np.argmin(val_loss)) + 1
+    assert es["stopped_epoch"] - es["best_epoch"] == cfg.fit.early_stopping_patience
+    assert history["lr_reduced_at_epochs"], "ReduceLROnPlateau never fired"
+    lrs = history["metrics"]["learning_rate"]
+    assert min(lrs) < cfg.fit.learning_rate
+
+    # The saved model carries the best epoch's weights: its validation loss is the best one.
+    model = keras.saving.load_model(result.model_path, safe_mode=True)
+    builder = datasets.load_builder(staged_digits)
+    val = datasets.make_dataset(builder, "validation", global_batch_size=64, shuffle=False,
+                                seed=0)
+    loss, _ = model.evaluate(val, verbose=0)
+    assert loss == pytest.approx(min(val_loss), rel=1e-3)
+    assert loss < val_loss[-1]
+
+
+def test_cnn_trains_on_digits(staged_digits, tmp_path):
+    cfg = RunConfig.from_flat({
+        "staging_dir": staged_digits.staging_dir, "output_dir": os.fspath(tmp_path),
+        "model": "cnn", "epochs": 5, "strategy": "one_device",
+    })
+    result = train(cfg, staged_digits)
+    history = json.loads((Path(result.run_dir) / "history.json").read_text())
+    acc = history["metrics"]["val_accuracy"]
+    assert max(acc) > 0.9, acc
+
+
+def test_mirrored_strategy_over_two_cpu_devices_trains(staged_digits, tmp_path):
+    cfg = RunConfig.from_flat({
+        "staging_dir": staged_digits.staging_dir, "output_dir": os.fspath(tmp_path),
+        "epochs": 2, "strategy": "mirrored", "devices": ["/cpu:0", "/cpu:1"], "batch_size": 32,
+    })
+    result = train(cfg, staged_digits)
+    run = json.loads((Path(result.run_dir) / "run.json").read_text())
+    assert run["strategy"]["replicas_in_sync"] == 2
+    assert run["strategy"]["global_batch_size"] == 64
+    assert Path(result.model_path).exists()

@@ -1,0 +1,114 @@
+import json
+import math
+
+import pytest
+
+from training import strategy as st
+from training.config import RunConfig, RuntimeConfig
+from training.errors import ConfigError
+
+
+@pytest.mark.parametrize(
+    ("requested", "tpu", "workers", "gpus", "expected"),
+    [
+        ("auto", True, 4, 8, "tpu"),
+        ("auto", False, 2, 8, "multi_worker"),
+        ("auto", False, 1, 2, "mirrored"),
+        ("auto", False, 0, 1, "one_device"),
+        ("auto", False, 0, 0, "one_device"),
+        ("mirrored", False, 0, 0, "mirrored"),
+        ("one_device", True, 4, 8, "one_device"),
+        ("multi_worker", False, 0, 0, "multi_worker"),
+        ("tpu", False, 0, 0, "tpu"),
+    ],
+)
+def test_choose_kind(requested, tpu, workers, gpus, expected):
+    assert st.choose_kind(requested, tpu_available=tpu, workers_in_tf_config=workers,
+                          gpus=gpus) == expected
+
+
+def test_choose_kind_rejects_unknown():
+    with pytest.raises(ConfigError, match="runtime.strategy must be one of auto, one_device"):
+        st.choose_kind("parameter_server", tpu_available=False, workers_in_tf_config=0, gpus=0)
+
+
+def test_tf_config_workers_counts_chief_and_workers():
+    assert st.tf_config_workers(None) == 0
+    cfg = {"cluster": {"chief": ["a:1"], "worker": ["b:1", "c:1"]}, "task": {"type": "chief"}}
+    assert st.tf_config_workers(json.dumps(cfg)) == 3
+    with pytest.raises(ConfigError, match="TF_CONFIG must be a JSON object"):
+        st.tf_config_workers("{nope")
+
+
+def test_is_chief():
+    assert st.is_chief(None)
+    two = {"cluster": {"worker": ["a:1", "b:1"]}}
+    assert st.is_chief(json.dumps({**two, "task": {"type": "worker", "index": 0}}))
+    assert not st.is_chief(json.dumps({**two, "task": {"type": "worker", "index": 1}}))
+    with_chief = {"cluster": {"chief": ["c:1"], "worker": ["a:1"]}}
+    assert not st.is_chief(json.dumps({**with_chief, "task": {"type": "worker", "index": 0}}))
+    assert st.is_chief(json.dumps({**with_chief, "task": {"type": "chief", "index": 0}}))
+
+
+def test_select_devices():
+    gpus = ["/gpu:0", "/gpu:1", "/gpu:2"]
+    assert st.select_devices(RuntimeConfig(devices=["/gpu:2"]), gpus) == ["/gpu:2"]
+    assert st.select_devices(RuntimeConfig(num_gpus=2), gpus) == ["/gpu:0", "/gpu:1"]
+    assert st.select_devices(RuntimeConfig(), gpus) == gpus
+    assert st.select_devices(RuntimeConfig(), []) == ["/cpu:0"]
+    with pytest.raises(ConfigError, match="runtime.num_gpus asks for 2 GPUs but 0 are visible"):
+        st.select_devices(RuntimeConfig(num_gpus=2), [])
+
+
+@pytest.mark.parametrize(("rule", "expected"), [("none", 0.1), ("linear", 0.4),
+                                                 ("sqrt", 0.2)])
+def test_learning_rate_scaling(rule, expected):
+    assert math.isclose(st.scaled_learning_rate(0.1, rule, 4), expected)
+
+
+def test_resolve_one_device_on_cpu():
+    resolved = st.resolve(RunConfig.from_flat({"batch_size": 32}))
+    assert resolved.kind == "one_device"
+    assert resolved.replicas == 1
+    assert resolved.global_batch_size == 32
+    assert resolved.is_chief
+
+
+def test_resolve_mirrored_over_two_cpu_devices_scales_batch_and_lr():
+    cfg = RunConfig.from_flat({"strategy": "mirrored", "devices": ["/cpu:0", "/cpu:1"],
+                               "batch_size": 16, "learning_rate": 0.01, "lr_scaling": "linear"})
+    resolved = st.resolve(cfg)
+    assert type(resolved.strategy).__name__ == "MirroredStrategy"
+    assert resolved.replicas == 2
+    assert resolved.global_batch_size == 32
+    assert math.isclose(resolved.learning_rate, 0.02)
+    assert resolved.to_dict()["replicas_in_sync"] == 2
+
+
+def test_resolve_tpu_fails_clearly_when_no_tpu_answers():
+    def no_tpu(name):
+        raise ValueError(f"Could not find TPU {name}")
+
+    cfg = RunConfig.from_flat({"strategy": "tpu", "tpu": "my-tpu"})
+    with pytest.raises(ConfigError, match="runtime.strategy is 'tpu' but no TPU answered for "
+                                          "runtime.tpu='my-tpu'"):
+        st.resolve(cfg, tpu_resolver=no_tpu)
+
+
+def test_resolve_auto_falls_back_when_the_named_tpu_does_not_answer():
+    asked = []
+
+    def no_tpu(name):
+        asked.append(name)
+        raise ValueError("no TPU")
+
+    resolved = st.resolve(RunConfig.from_flat({"tpu": "my-tpu"}), tpu_resolver=no_tpu)
+    assert asked == ["my-tpu"]
+    assert resolved.kind == "one_device"
+
+
+def test_resolve_auto_does_not_probe_for_a_tpu_on_a_plain_host():
+    def must_not_be_called(name):
+        raise AssertionError("probed for a TPU")
+
+    assert st.resolve(RunConfig(), tpu_resolver=must_not_be_called).kind == "one_device"
