@@ -17,7 +17,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from training.config import FieldSpec, RunConfig, flat_fields, json_schema
+from training.config import SECTIONS, FieldSpec, RunConfig, flat_fields, json_schema
 from training.errors import ConfigError, TrainingError
 
 log = logging.getLogger("training")
@@ -25,7 +25,7 @@ log = logging.getLogger("training")
 
 def _add_config_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", metavar="FILE", help="JSON config file (nested by section)")
-    for group_name in ("dataset", "model", "fit", "runtime", "storage"):
+    for group_name in SECTIONS:
         group = parser.add_argument_group(f"{group_name} settings")
         for spec in (s for s in flat_fields() if s.section == group_name):
             group.add_argument(f"--{spec.key.replace('_', '-')}", dest=spec.key,
@@ -56,6 +56,27 @@ def _help(spec: FieldSpec) -> str:
     return f"{spec.description}{allowed} Default: {spec.default!r}.".replace("%", "%%")
 
 
+def markdown_table() -> str:
+    """The configuration reference as a Markdown table (pasted into the README)."""
+    rows = ["| key (`--flag`) | section.field | type | default | allowed | description |",
+            "|---|---|---|---|---|---|"]
+    for s in flat_fields():
+        rules = s.rules
+        if "enum" in rules:
+            allowed = " ".join(f"`{v}`" for v in rules["enum"])
+        elif "exclusive_minimum" in rules:
+            allowed = f"> {rules['exclusive_minimum']}, <= {rules['maximum']}"
+        elif "minimum" in rules:
+            allowed = f"{rules['minimum']} .. {rules['maximum']}"
+        else:
+            allowed = "pattern" if "pattern" in rules else ""
+        default = "empty" if s.default in ("", None, []) else f"`{json.dumps(s.default)}`"
+        where = " (deployment)" if s.deployment else ""
+        rows.append(f"| `{s.key}` | {s.path}{where} | {s.type} | {default} | {allowed} "
+                    f"| {s.description} |")
+    return "\n".join(rows)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m training",
@@ -65,15 +86,36 @@ def build_parser() -> argparse.ArgumentParser:
     commands = {
         "stage": "Prepare the dataset once into the staging directory (cached).",
         "train": "Stage (cached), verify and train; write the run directory.",
-        "evaluate": "Evaluate the run's model on the test split; write evaluation.json.",
-        "run": "stage, train and evaluate in one process.",
+        "evaluate": "Evaluate the run's model and the production model on the test "
+                    "split; decide; write evaluation.json.",
+        "publish": "Publish the run's model as a version in the store; promote it if the "
+                   "evaluation decided so.",
+        "run": "stage, train, evaluate, publish and promote in one process.",
     }
     for name, text in commands.items():
         cmd = sub.add_parser(name, help=text, description=text)
         _add_config_flags(cmd)
+    models = sub.add_parser("models", help="List, show, promote or roll back model versions.",
+                            description="Read and move the model registry in a store.")
+    models.add_argument("action", choices=["list", "show", "promote", "rollback"])
+    models.add_argument("--store-uri", default=RunConfig().storage.store_uri,
+                        help="s3://bucket/prefix, file:///path or a local path")
+    models.add_argument("--name", help="model name (all models for list)")
+    models.add_argument("--version", help="version id (show, promote, rollback)")
+    models.add_argument("--reason", default="", help="why (promote, rollback)")
     schema = sub.add_parser("schema", help="Print the config's JSON Schema.")
     schema.add_argument("--flat", action="store_true", help="flat keys, as the trigger form")
+    schema.add_argument("--markdown", action="store_true",
+                        help="the README's configuration reference table")
     return parser
+
+
+def _check_models_args(args: argparse.Namespace) -> None:
+    need = {"show": ("name", "version"), "promote": ("name", "version", "reason"),
+            "rollback": ("name", "version")}.get(args.action, ())
+    for field in need:
+        if not getattr(args, field):
+            raise ConfigError(f"models {args.action} needs --{field}")
 
 
 def load_config(args: argparse.Namespace) -> RunConfig:
@@ -90,29 +132,16 @@ def _stage(cfg: RunConfig):
     return staged
 
 
-def _evaluate(cfg: RunConfig, staged) -> dict[str, Any]:
-    import keras
-
-    from training import datasets
-    from training.evaluate import evaluate_model, write_evaluation
-
-    model = keras.saving.load_model(cfg.run_dir() / "model.keras", safe_mode=True)
-    builder = datasets.load_builder(staged)
-    test = datasets.make_dataset(builder, "test", global_batch_size=256, shuffle=False,
-                                 seed=cfg.fit.seed)
-    evaluation = {"dataset": staged.key, **evaluate_model(model, test)}
-    path = write_evaluation(cfg.run_dir(), evaluation)
-    print(json.dumps({"evaluation": os.fspath(path), "test_loss": evaluation["loss"],
-                      "test_accuracy": evaluation["accuracy"]}))
-    return evaluation
-
-
 def execute(args: argparse.Namespace) -> int:
     if args.command == "schema":
-        print(json.dumps(json_schema(flat=args.flat), indent=2))
+        print(markdown_table() if args.markdown else json.dumps(json_schema(flat=args.flat),
+                                                                indent=2))
         return 0
+    if args.command == "models":
+        _check_models_args(args)
+        return _models(args)
     cfg = load_config(args)
-    from training import datasets  # heavy (tfds): after the config is known to be valid
+    from training import datasets, pipeline  # heavy (tfds): after the config is valid
 
     datasets.get_builder(cfg.dataset.name, cfg.dataset.version, cfg.dataset.staging_dir)
     staged = _stage(cfg)
@@ -121,10 +150,45 @@ def execute(args: argparse.Namespace) -> int:
     if args.command in ("train", "run"):
         from training.fit import train
 
-        result = train(cfg, staged)
-        print(json.dumps({"trained": result.to_dict()}))
+        print(json.dumps({"trained": train(cfg, staged).to_dict()}))
+    if args.command == "train":
+        return 0
+    registry = pipeline.open_registry(cfg)
     if args.command in ("evaluate", "run"):
-        _evaluate(cfg, staged)
+        evaluation = pipeline.evaluate(cfg, staged, registry)
+        print(json.dumps({"evaluation": pipeline.artifact_paths(cfg)["evaluation"],
+                          "test_accuracy": evaluation["challenger"]["accuracy"],
+                          "decision": evaluation["decision"]}))
+    if args.command in ("publish", "run"):
+        started = pipeline.started_at(cfg)
+        print(json.dumps({"published": pipeline.publish(cfg, registry, created=started)}))
+        print(json.dumps({"promotion": pipeline.promote(cfg, registry, at=started)}))
+    return 0
+
+
+def _models(args: argparse.Namespace) -> int:
+    from datetime import UTC, datetime
+
+    from training.registry import ModelRegistry
+    from training.storage import open_store
+
+    registry = ModelRegistry(open_store(args.store_uri))
+    now = datetime.now(UTC).isoformat(timespec="seconds")  # a person's action, not a retry
+    if args.action == "list":
+        names = [args.name] if args.name else registry.list_models()
+        out: Any = {n: {"production": registry.production(n),
+                        "versions": registry.list_versions(n)} for n in names}
+    elif args.action == "show":
+        out = {**registry.show(args.name, args.version),
+               "production": registry.production(args.name) == args.version,
+               "history": registry.history(args.name)}
+    elif args.action == "promote":
+        out = registry.promote(args.name, args.version, run_id=f"manual-{args.version}",
+                               at=now, reason=f"manual promotion: {args.reason}", forced=True)
+    else:
+        out = registry.rollback(args.name, args.version, run_id=f"rollback-{args.version}",
+                                at=now, note=args.reason)
+    print(json.dumps(out, indent=2))
     return 0
 
 

@@ -31,12 +31,15 @@ _NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 _DEVICE_PATTERN = r"(/job:\w+(/replica:\d+)?(/task:\d+)?)?/?(device:)?(CPU|GPU|TPU|cpu|gpu|tpu):\d+"
 
 
-def _field(default: Any, description: str, *, key: str | None = None, **rules: Any) -> Any:
+def _field(default: Any, description: str, *, key: str | None = None,
+           deployment: bool = False, **rules: Any) -> Any:
     """A config field with its schema in the metadata.
 
     rules: minimum, maximum (inclusive), exclusive_minimum, enum, pattern, nullable.
+    deployment: set by whoever deploys the pipeline (paths, the store), never by the
+    Airflow trigger form.
     """
-    meta = {"description": description, "key": key, **rules}
+    meta = {"description": description, "key": key, "deployment": deployment, **rules}
     if isinstance(default, list):
         return field(default_factory=lambda: list(default), metadata=meta)
     return field(default=default, metadata=meta)
@@ -134,7 +137,7 @@ class DatasetConfig(_Section):
     )
     staging_dir: str = _field(
         "var/datasets", "Directory where datasets are prepared and cached.",
-        key="staging_dir",
+        key="staging_dir", deployment=True,
     )
     validation_fraction: float = _field(
         0.1,
@@ -240,6 +243,10 @@ class RuntimeConfig(_Section):
         1, "Number of training worker processes (multi-worker when more than 1).",
         key="workers", minimum=1, maximum=64,
     )
+    launcher: str = _field(
+        "local", "Where training runs: a subprocess on this worker (local) or pods on "
+        "Kubernetes.", key="launcher", enum=["local", "kubernetes"],
+    )
     tpu: str = _field(
         "", "TPU name for TPUClusterResolver ('local' for a TPU VM); empty for none.",
         key="tpu",
@@ -260,20 +267,39 @@ class RuntimeConfig(_Section):
 
 
 @dataclass(frozen=True)
+class PromotionConfig(_Section):
+    SECTION = "promotion"
+
+    min_accuracy: float = _field(
+        0.9, "Test accuracy the new model needs before it can go to production.",
+        key="min_accuracy", minimum=0.0, maximum=1.0,
+    )
+    min_improvement: float = _field(
+        0.0, "Test accuracy the new model must gain over production; negative allows "
+        "that much regression.", key="min_improvement", minimum=-1.0, maximum=1.0,
+    )
+    force_promote: bool = _field(
+        False, "Promote even when the policy says no (recorded as forced).",
+        key="force_promote",
+    )
+
+
+@dataclass(frozen=True)
 class StorageConfig(_Section):
     SECTION = "storage"
 
     output_dir: str = _field(
-        "runs", "Local directory holding one sub-directory per run.", key="output_dir",
+        "runs", "Local directory holding one sub-directory per run.",
+        key="output_dir", deployment=True,
     )
     run_id: str = _field(
         "", "Run identifier; empty derives it from the configuration, so a retry "
-        "reuses the same directory.", key="run_id",
+        "reuses the same directory.", key="run_id", deployment=True,
         pattern=r"^$|" + _NAME_PATTERN[1:],
     )
     store_uri: str = _field(
         "var/store", "Object store for published models: s3://bucket/prefix, "
-        "file:///path or a local path.", key="store_uri",
+        "file:///path or a local path.", key="store_uri", deployment=True,
         pattern=r"^(s3://[a-z0-9.-]{3,63}(/.*)?|file://.+|[^:]+)$",
     )
     model_name: str = _field(
@@ -287,6 +313,7 @@ SECTIONS: dict[str, type[_Section]] = {
     "model": ModelConfig,
     "fit": FitConfig,
     "runtime": RuntimeConfig,
+    "promotion": PromotionConfig,
     "storage": StorageConfig,
 }
 
@@ -302,6 +329,7 @@ class FieldSpec:
     default: Any
     description: str
     nullable: bool
+    deployment: bool
     rules: dict[str, Any]
 
     @property
@@ -327,7 +355,7 @@ def flat_fields() -> list[FieldSpec]:
                 section=section, name=f.name, key=meta["key"] or f.name,
                 type="array" if is_list else json_type[kind], default=default,
                 description=meta["description"], nullable=bool(meta.get("nullable")),
-                rules=rules,
+                deployment=meta["deployment"], rules=rules,
             ))
     keys = [s.key for s in specs]
     assert len(keys) == len(set(keys)), f"duplicate config keys: {keys}"
@@ -379,6 +407,7 @@ class RunConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     fit: FitConfig = field(default_factory=FitConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    promotion: PromotionConfig = field(default_factory=PromotionConfig)
     storage: StorageConfig = field(default_factory=StorageConfig)
 
     # --- construction -------------------------------------------------------------
@@ -461,6 +490,7 @@ class RunConfig:
         """A short hash of everything that changes the trained model."""
         data = self.to_dict()
         data["storage"] = {}  # where outputs go does not change the model
+        data["promotion"] = {}  # nor does the promotion policy
         data["dataset"].pop("staging_dir")
         blob = json.dumps(data, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:12]

@@ -1,18 +1,19 @@
 """Callbacks and strategy-scoped ``model.fit``.
 
-``train`` builds, compiles and fits inside ``strategy.scope()`` and writes, into the
-run directory (``<output_dir>/<run_id>/``):
+``train`` builds, compiles and fits inside ``strategy.scope()``. The run directory
+``<output_dir>/<run_id>/`` holds ``model/``, everything that is published as one model
+version, and beside it the working state (``checkpoints/``, ``backup/``). ``model/``:
 
 * ``config.json``      the effective config (written first);
 * ``run.json``         effective strategy values, dataset key, software versions;
 * ``model.keras``      the final model: the best epoch's weights when
                        ``restore_best_weights`` is on;
-* ``checkpoints/best.keras``  ModelCheckpoint of the best epoch;
 * ``saved_model/``     a SavedModel export for serving (``serve`` signature, raw pixels);
 * ``history.json`` / ``history.csv``  per-epoch metrics and learning rate.
 
-``backup/`` holds BackupAndRestore state while training runs: a re-run with the same
-run id resumes from the last finished epoch. Only the chief writes these files; other
+``checkpoints/best.keras`` is ModelCheckpoint's best epoch. ``backup/`` holds
+BackupAndRestore state while training runs: a re-run with the same run id resumes
+from the last finished epoch. Only the chief writes these files; other
 workers of a multi-worker run write to a temporary directory that is removed.
 """
 
@@ -25,6 +26,7 @@ import platform
 import shutil
 import tempfile
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +36,11 @@ from training.datasets import StagedDataset
 from training.strategy import resolve
 
 log = logging.getLogger(__name__)
+
+
+def model_dir(run_dir: str | Path) -> Path:
+    """The part of a run directory that is published as a model version."""
+    return Path(run_dir) / "model"
 
 
 def make_callbacks(fit: FitConfig, run_dir: Path) -> list[Any]:
@@ -67,7 +74,7 @@ def make_callbacks(fit: FitConfig, run_dir: Path) -> list[Any]:
             mode=mode,
             save_best_only=True,
         ),
-        keras.callbacks.CSVLogger(os.fspath(run_dir / "history.csv"), append=True),
+        keras.callbacks.CSVLogger(os.fspath(model_dir(run_dir) / "history.csv"), append=True),
     ]
 
 
@@ -135,10 +142,12 @@ def train(cfg: RunConfig, staged: StagedDataset, **resolve_kwargs: Any) -> Train
 
     final_dir = cfg.run_dir()
     run_dir = final_dir if resolved.is_chief else Path(tempfile.mkdtemp(prefix="worker-"))
-    run_dir.mkdir(parents=True, exist_ok=True)
-    cfg.write(run_dir)
-    (run_dir / "run.json").write_text(json.dumps({
+    out = model_dir(run_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    cfg.write(out)
+    (out / "run.json").write_text(json.dumps({
         "run_id": cfg.run_id,
+        "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "dataset": staged.to_dict(),
         "strategy": resolved.to_dict(),
         "software": software_versions(),
@@ -171,10 +180,9 @@ def train(cfg: RunConfig, staged: StagedDataset, **resolve_kwargs: Any) -> Train
                         shuffle=False)  # the tf.data pipeline shuffles, seeded
 
     summary = _history_summary(history, callbacks)
-    (run_dir / "history.json").write_text(json.dumps(summary, indent=2) + "\n")
-    model_path = run_dir / "model.keras"
-    model.save(model_path)
-    saved_model_path = run_dir / "saved_model"
+    (out / "history.json").write_text(json.dumps(summary, indent=2) + "\n")
+    model.save(out / "model.keras")
+    saved_model_path = out / "saved_model"
     if saved_model_path.exists():
         shutil.rmtree(saved_model_path)  # a retry replaces a half-written export
     model.export(os.fspath(saved_model_path), format="tf_saved_model", verbose=False)
@@ -183,11 +191,11 @@ def train(cfg: RunConfig, staged: StagedDataset, **resolve_kwargs: Any) -> Train
         run_dir = final_dir
     es = summary["early_stopping"]
     log.info("trained %d epochs (best epoch %s); model at %s", len(summary["epochs"]),
-             es["best_epoch"], final_dir / "model.keras")
+             es["best_epoch"], model_dir(final_dir) / "model.keras")
     return TrainResult(
         run_dir=os.fspath(final_dir),
-        model_path=os.fspath(final_dir / "model.keras"),
-        saved_model_path=os.fspath(final_dir / "saved_model"),
+        model_path=os.fspath(model_dir(final_dir) / "model.keras"),
+        saved_model_path=os.fspath(model_dir(final_dir) / "saved_model"),
         epochs_run=len(summary["epochs"]),
         best_epoch=es["best_epoch"],
         stopped_epoch=es["stopped_epoch"],

@@ -388,14 +388,14 @@ class ModelRegistry:
             raise RegistryError(f"reason must be a non-empty string, got {reason!r}")
         pointer, etag = self._read_pointer(name)
         current = None if pointer is None else pointer["version"]
+        if current == version:  # checked first: a retried promotion is a no-op
+            return pointer
         if expected_current is not self._UNSET and expected_current != current:
             raise ConflictError(
                 f"production of model {name!r} moved: the decision to promote {version!r} "
                 f"was made against {expected_current!r}, production is now {current!r}; "
                 "decide again"
             )
-        if current == version:
-            return pointer
         try:
             self.verify(name, version)
         except IntegrityError as exc:

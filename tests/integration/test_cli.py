@@ -17,22 +17,31 @@ def cli(cwd: Path, *args: str, timeout: int = 600) -> subprocess.CompletedProces
                           capture_output=True, text=True, timeout=timeout)
 
 
-def last_json(stdout: str) -> dict:
-    return json.loads([line for line in stdout.splitlines() if line.startswith("{")][-1])
+def last_json(stdout: str, key: str | None = None) -> dict:
+    lines = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+    return [d for d in lines if key is None or key in d][-1]
 
 
 def test_main_command_trains_the_seed_mlp_on_digits_to_95_percent(tmp_path):
     proc = cli(tmp_path, "run")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    result = last_json(proc.stdout)
+    result = last_json(proc.stdout, "evaluation")
     assert result["test_accuracy"] >= 0.95
     assert "Epoch 1/30" in proc.stdout  # progress is visible
     run_dirs = list((tmp_path / "runs").iterdir())
     assert len(run_dirs) == 1
-    evaluation = json.loads((run_dirs[0] / "evaluation.json").read_text())
-    assert evaluation["accuracy"] == result["test_accuracy"]
-    assert len(evaluation["confusion_matrix"]) == 10
-    assert {"precision", "recall", "f1"} <= set(evaluation["per_class"][0])
+    evaluation = json.loads((run_dirs[0] / "model" / "evaluation.json").read_text())
+    challenger = evaluation["challenger"]
+    assert challenger["accuracy"] == result["test_accuracy"]
+    assert len(challenger["confusion_matrix"]) == 10
+    assert {"precision", "recall", "f1"} <= set(challenger["per_class"][0])
+    # The first model is published and promoted, and says why.
+    promotion = last_json(proc.stdout, "promotion")["promotion"]
+    assert promotion["promoted"] is True
+    assert "no model in production" in " ".join(promotion["reasons"])
+    listed = cli(tmp_path, "models", "list")
+    production = json.loads(listed.stdout)["digits-mlp"]["production"]
+    assert production == run_dirs[0].name
 
 
 @pytest.mark.parametrize(

@@ -17,14 +17,16 @@ pytestmark = pytest.mark.slow
 def test_run_directory_holds_every_output(trained_run):
     cfg, result = trained_run
     run_dir = Path(result.run_dir)
-    for name in ("config.json", "run.json", "model.keras", "checkpoints/best.keras",
-                 "saved_model/saved_model.pb", "history.json", "history.csv"):
+    out = run_dir / "model"
+    for name in ("model/config.json", "model/run.json", "model/model.keras",
+                 "checkpoints/best.keras", "model/saved_model/saved_model.pb",
+                 "model/history.json", "model/history.csv"):
         assert (run_dir / name).exists(), name
-    assert RunConfig.from_file(run_dir / "config.json") == cfg
-    run = json.loads((run_dir / "run.json").read_text())
+    assert RunConfig.from_file(out / "config.json") == cfg
+    run = json.loads((out / "run.json").read_text())
     assert run["strategy"]["global_batch_size"] == cfg.fit.batch_size
     assert run["software"]["keras"].startswith("3.")
-    history = json.loads((run_dir / "history.json").read_text())
+    history = json.loads((out / "history.json").read_text())
     assert history["epochs"] == list(range(1, cfg.fit.epochs + 1))
     assert set(history["metrics"]) >= {"loss", "accuracy", "val_loss", "val_accuracy",
                                        "learning_rate"}
@@ -61,7 +63,7 @@ def test_plateau_fires_early_stopping_and_lr_reduction_and_restores_the_best_epo
         "reduce_lr_patience": 1, "reduce_lr_factor": 0.5, "strategy": "one_device",
     })
     result = train(cfg, staged_digits)
-    history = json.loads((Path(result.run_dir) / "history.json").read_text())
+    history = json.loads((Path(result.run_dir) / "model" / "history.json").read_text())
     val_loss = history["metrics"]["val_loss"]
     es = history["early_stopping"]
 
@@ -89,7 +91,7 @@ def test_cnn_trains_on_digits(staged_digits, tmp_path):
         "model": "cnn", "epochs": 5, "strategy": "one_device",
     })
     result = train(cfg, staged_digits)
-    history = json.loads((Path(result.run_dir) / "history.json").read_text())
+    history = json.loads((Path(result.run_dir) / "model" / "history.json").read_text())
     acc = history["metrics"]["val_accuracy"]
     assert max(acc) > 0.9, acc
 
@@ -100,7 +102,7 @@ def test_mirrored_strategy_over_two_cpu_devices_trains(staged_digits, tmp_path):
         "epochs": 2, "strategy": "mirrored", "devices": ["/cpu:0", "/cpu:1"], "batch_size": 32,
     })
     result = train(cfg, staged_digits)
-    run = json.loads((Path(result.run_dir) / "run.json").read_text())
+    run = json.loads((Path(result.run_dir) / "model" / "run.json").read_text())
     assert run["strategy"]["replicas_in_sync"] == 2
     assert run["strategy"]["global_batch_size"] == 64
     assert Path(result.model_path).exists()

@@ -1,0 +1,61 @@
+"""evaluate -> publish -> promote on a real trained model, against a local store."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from training import pipeline
+from training.fit import model_dir
+
+pytestmark = pytest.mark.slow
+
+AT = "2026-11-30T03:00:00+00:00"
+
+
+def test_first_model_is_promoted_and_a_worse_or_equal_one_is_kept_out_with_reasons(
+    trained_run, staged_digits, tmp_path
+):
+    cfg, result = trained_run
+    cfg = cfg.with_overrides({"store_uri": str(tmp_path / "store"), "min_accuracy": 0.5})
+    registry = pipeline.open_registry(cfg)
+
+    first = pipeline.evaluate(cfg, staged_digits, registry)
+    assert first["champion"] is None
+    assert first["decision"]["promote"] is True
+    published = pipeline.publish(cfg, registry, created=AT)
+    assert published["version"] == cfg.run_id
+    assert pipeline.publish(cfg, registry, created=AT) == published  # a retry is a no-op
+    assert pipeline.promote(cfg, registry, at=AT)["promoted"] is True
+    assert registry.production(cfg.model_name) == cfg.run_id
+    assert pipeline.promote(cfg, registry, at=AT)["promoted"] is True  # retry: no-op
+    assert len(registry.history(cfg.model_name)) == 1
+
+    # The same weights as a second run: no improvement, so production stays.
+    second = cfg.with_overrides({"run_id": "second", "min_improvement": 0.01})
+    shutil.copytree(result.run_dir, second.run_dir())
+    evaluation = pipeline.evaluate(second, staged_digits, registry)
+    assert evaluation["champion"]["version"] == cfg.run_id
+    assert evaluation["champion"]["accuracy"] == pytest.approx(
+        evaluation["challenger"]["accuracy"])
+    assert evaluation["decision"]["promote"] is False
+    assert any("< required +0.0100" in r for r in evaluation["decision"]["reasons"])
+    saved = json.loads((model_dir(second.run_dir()) / "evaluation.json").read_text())
+    assert saved["decision"] == evaluation["decision"]
+    pipeline.publish(second, registry, created=AT)
+    outcome = pipeline.promote(second, registry, at=AT)
+    assert outcome["promoted"] is False and outcome["reasons"]
+    assert registry.production(cfg.model_name) == cfg.run_id
+
+    # Forced: promoted, and recorded as forced.
+    forced = second.with_overrides({"force_promote": True})
+    pipeline.evaluate(forced, staged_digits, registry)
+    assert pipeline.promote(forced, registry, at=AT)["forced"] is True
+    assert registry.production(cfg.model_name) == "second"
+    assert registry.history(cfg.model_name)[-1]["forced"] is True
+    assert {e["path"] for e in registry.show(cfg.model_name, "second")["files"]} >= {
+        "model.keras", "evaluation.json", "config.json", "saved_model/saved_model.pb"}
+    assert not any(p.startswith("checkpoints") for p in
+                   (e["path"] for e in registry.show(cfg.model_name, "second")["files"]))
+    assert Path(result.run_dir).exists()

@@ -1,0 +1,147 @@
+"""The pipeline's steps after training: evaluate against production, publish, promote.
+
+Each function is one step that the CLI (``python -m training run``) and the Airflow
+DAG call the same way. Inputs and outputs are small dicts and paths, never models,
+so they travel through XCom. A step re-run for the same run gives the same result:
+
+* ``evaluate`` re-evaluates both models and rewrites ``evaluation.json``;
+* ``publish`` uploads to ``models/<name>/versions/<run_id>/``; identical bytes are a
+  no-op, so a retry completes an interrupted upload;
+* ``promote`` is a no-op when the version is already in production.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from training import datasets
+from training.config import RunConfig
+from training.datasets import StagedDataset
+from training.evaluate import evaluate_model
+from training.fit import model_dir
+from training.promotion import PromotionPolicy, decide
+from training.registry import ModelRegistry
+from training.storage import S3Options, open_store
+
+log = logging.getLogger(__name__)
+
+EVALUATION = "evaluation.json"
+TEST_BATCH = 256
+
+
+def open_registry(cfg: RunConfig, options: S3Options | None = None) -> ModelRegistry:
+    """The registry on the configured store (S3 options from the caller or boto3's chain)."""
+    return ModelRegistry(open_store(cfg.storage.store_uri, options))
+
+
+def _test_split(staged: StagedDataset, seed: int) -> Any:
+    builder = datasets.load_builder(staged)
+    return datasets.make_dataset(builder, "test", global_batch_size=TEST_BATCH, shuffle=False,
+                                 seed=seed)
+
+
+def _load(path: str | Path) -> Any:
+    import keras
+
+    return keras.saving.load_model(path, safe_mode=True)
+
+
+def evaluate(cfg: RunConfig, staged: StagedDataset, registry: ModelRegistry) -> dict[str, Any]:
+    """Evaluate the new model and the production model on the same test split; decide.
+
+    Writes ``evaluation.json`` into the model directory (so it is published with the
+    version) and returns it. A model that is not promoted always says why.
+    """
+    out = model_dir(cfg.run_dir())
+    name = cfg.model_name
+    challenger = evaluate_model(_load(out / "model.keras"), _test_split(staged, cfg.fit.seed))
+    champion_version = registry.production(name)
+    champion = None
+    if champion_version is not None:
+        with tempfile.TemporaryDirectory(prefix="champion-") as tmp:
+            model = registry.load_model(name, champion_version, tmp)
+            metrics = evaluate_model(model, _test_split(staged, cfg.fit.seed))
+        champion = {"version": champion_version, "accuracy": metrics["accuracy"],
+                    "loss": metrics["loss"]}
+    policy = PromotionPolicy(min_accuracy=cfg.promotion.min_accuracy,
+                             min_improvement=cfg.promotion.min_improvement)
+    decision = decide(challenger, champion, policy, force=cfg.promotion.force_promote,
+                      champion_version=champion_version)
+    evaluation = {
+        "model_name": name,
+        "version": cfg.run_id,
+        "dataset": staged.key,
+        "challenger": challenger,
+        "champion": champion,
+        "policy": {"min_accuracy": policy.min_accuracy,
+                   "min_improvement": policy.min_improvement,
+                   "force_promote": cfg.promotion.force_promote},
+        "decision": decision.to_dict(),
+    }
+    (out / EVALUATION).write_text(json.dumps(evaluation, indent=2) + "\n")
+    verdict = "promote" if decision.promote else "keep production"
+    log.info("decision for %s %s: %s%s", name, cfg.run_id, verdict,
+             " (forced)" if decision.forced else "")
+    for reason in decision.reasons:
+        log.info("  - %s", reason)
+    return evaluation
+
+
+def read_evaluation(cfg: RunConfig) -> dict[str, Any]:
+    return json.loads((model_dir(cfg.run_dir()) / EVALUATION).read_text())
+
+
+def publish(cfg: RunConfig, registry: ModelRegistry, *, created: str) -> dict[str, Any]:
+    """Upload the run's model directory as version ``cfg.run_id``; return a small summary.
+
+    ``created`` comes from the caller (the Airflow run's date, or the time training
+    started), never the clock at upload, so a retry writes the same manifest.
+    """
+    evaluation = read_evaluation(cfg)
+    metrics = {k: evaluation["challenger"][k] for k in ("accuracy", "loss", "macro_f1")}
+    manifest = registry.publish(cfg.model_name, cfg.run_id, model_dir(cfg.run_dir()),
+                                run_id=cfg.run_id, created=created, metrics=metrics)
+    summary = {"model_name": cfg.model_name, "version": cfg.run_id,
+               "store_uri": cfg.storage.store_uri, "files": len(manifest["files"]),
+               "metrics": manifest["metrics"]}
+    log.info("published %s version %s (%d files) to %s", cfg.model_name, cfg.run_id,
+             summary["files"], cfg.storage.store_uri)
+    return summary
+
+
+def promote(cfg: RunConfig, registry: ModelRegistry, *, at: str) -> dict[str, Any]:
+    """Move the production pointer to this version when the decision says so.
+
+    Returns ``{"promoted": bool, "reasons": [...], ...}``; the pointer only moves if
+    production is still the champion the decision was made against.
+    """
+    evaluation = read_evaluation(cfg)
+    decision = evaluation["decision"]
+    result = {"model_name": cfg.model_name, "version": cfg.run_id,
+              "promoted": False, "forced": decision["forced"], "reasons": decision["reasons"]}
+    if not decision["promote"]:
+        log.info("%s %s is not promoted: %s", cfg.model_name, cfg.run_id,
+                 "; ".join(decision["reasons"]))
+        return result
+    champion = evaluation["champion"]
+    registry.promote(cfg.model_name, cfg.run_id, run_id=cfg.run_id, at=at,
+                     reason="; ".join(decision["reasons"]), forced=decision["forced"],
+                     expected_current=champion["version"] if champion else None)
+    log.info("%s %s is now in production", cfg.model_name, cfg.run_id)
+    return {**result, "promoted": True}
+
+
+def started_at(cfg: RunConfig) -> str:
+    """When the run's training started, as recorded in ``run.json`` (ISO 8601)."""
+    run = json.loads((model_dir(cfg.run_dir()) / "run.json").read_text())
+    return run["started_at"]
+
+
+def artifact_paths(cfg: RunConfig) -> dict[str, str]:
+    out = model_dir(cfg.run_dir())
+    return {"model": os.fspath(out / "model.keras"), "evaluation": os.fspath(out / EVALUATION)}
