@@ -1,0 +1,109 @@
+"""
+### Nightly Keras retraining
+
+Stages a dataset, trains a Keras model inside a `tf.distribute` strategy, evaluates it
+against the model in production on the same test split, publishes it as an immutable
+version and, if it wins, promotes it.
+
+`stage_dataset -> train -> evaluate -> publish -> promote`
+
+* **Scheduled** nightly (`TRAINING_SCHEDULE`, default `0 3 * * *`) with the defaults below.
+* **Manual**: *Trigger DAG* opens a form with every setting; Airflow rejects invalid values
+  before the run exists.
+* `promote` is **skipped** when the new model does not win; the reasons are in the
+  `evaluate` task's log and XCom and in `evaluation.json` of the published version.
+* Assets: `training_staged_dataset` after staging, `training_production_model` after a
+  promotion (schedule another DAG on it).
+
+Logic lives in the `training` library and `training_airflow` glue; this file only declares.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+
+import pendulum
+from airflow.sdk import DAG, Asset, task
+
+from training_airflow.operators import TrainOperator
+from training_airflow.params import dag_params
+
+SCHEDULE = os.environ.get("TRAINING_SCHEDULE", "0 3 * * *") or None
+STAGED_DATASET = Asset(name="training_staged_dataset", uri="x-training://datasets/staged")
+PRODUCTION_MODEL = Asset(name="training_production_model", uri="x-training://models/production")
+
+with DAG(
+    dag_id="keras_retrain",
+    schedule=SCHEDULE,
+    start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
+    catchup=False,
+    max_active_runs=1,
+    tags=["training", "keras", "nightly"],
+    doc_md=__doc__,
+    params=dag_params(),
+    default_args={
+        "owner": "ml-platform",
+        "retries": 2,
+        "retry_delay": timedelta(minutes=1),
+        "retry_exponential_backoff": 2.0,
+        "max_retry_delay": timedelta(minutes=30),
+        "execution_timeout": timedelta(hours=1),
+    },
+) as dag:
+
+    @task(outlets=[STAGED_DATASET], execution_timeout=timedelta(hours=2))
+    def stage_dataset(params=None, run_id=None, outlet_events=None) -> dict:
+        from training import datasets
+        from training_airflow.params import config_for_run
+
+        staged = datasets.stage(config_for_run(params, run_id).dataset).to_dict()
+        outlet_events[STAGED_DATASET].extra = staged
+        return staged
+
+    train = TrainOperator(task_id="train", execution_timeout=timedelta(hours=12))
+
+    @task
+    def evaluate(staged: dict, trained: dict, params=None, run_id=None) -> dict:
+        from training import pipeline
+        from training.datasets import StagedDataset
+        from training_airflow.params import aws_conn_id, config_for_run
+        from training_airflow.store import open_registry
+
+        cfg = config_for_run(params, run_id)
+        evaluation = pipeline.evaluate(cfg, StagedDataset.from_dict(staged),
+                                       open_registry(cfg, aws_conn_id()))
+        return {"version": evaluation["version"], "decision": evaluation["decision"],
+                "accuracy": evaluation["challenger"]["accuracy"],
+                "champion": evaluation["champion"], "run_dir": trained["run_dir"]}
+
+    @task
+    def publish(evaluation: dict, params=None, run_id=None, dag_run=None) -> dict:
+        from training import pipeline
+        from training_airflow.params import aws_conn_id, config_for_run
+        from training_airflow.store import open_registry
+
+        cfg = config_for_run(params, run_id)
+        registry = open_registry(cfg, aws_conn_id())
+        return pipeline.publish(cfg, registry, created=dag_run.run_after.isoformat())
+
+    @task(outlets=[PRODUCTION_MODEL], execution_timeout=timedelta(minutes=10))
+    def promote(published: dict, params=None, run_id=None, dag_run=None,
+                outlet_events=None) -> dict:
+        from airflow.sdk.exceptions import AirflowSkipException
+
+        from training import pipeline
+        from training_airflow.params import aws_conn_id, config_for_run
+        from training_airflow.store import open_registry
+
+        cfg = config_for_run(params, run_id)
+        registry = open_registry(cfg, aws_conn_id())
+        result = pipeline.promote(cfg, registry, at=dag_run.run_after.isoformat())
+        if not result["promoted"]:
+            raise AirflowSkipException("not promoted: " + "; ".join(result["reasons"]))
+        outlet_events[PRODUCTION_MODEL].extra = {**published, "forced": result["forced"]}
+        return result
+
+    staged = stage_dataset()
+    staged >> train
+    promote(publish(evaluate(staged, train.output)))
