@@ -52,7 +52,7 @@ with DAG(
     },
 ) as dag:
 
-    @task(outlets=[STAGED_DATASET], execution_timeout=timedelta(hours=2))
+    @task(outlets=[STAGED_DATASET], execution_timeout=timedelta(hours=2), multiple_outputs=False)
     def stage_dataset(params=None, run_id=None, outlet_events=None) -> dict:
         from training import datasets
         from training_airflow.params import config_for_run
@@ -63,7 +63,7 @@ with DAG(
 
     train = TrainOperator(task_id="train", execution_timeout=timedelta(hours=12))
 
-    @task
+    @task(multiple_outputs=False)
     def evaluate(staged: dict, trained: dict, params=None, run_id=None) -> dict:
         from training import pipeline
         from training.datasets import StagedDataset
@@ -77,7 +77,7 @@ with DAG(
                 "accuracy": evaluation["challenger"]["accuracy"],
                 "champion": evaluation["champion"], "run_dir": trained["run_dir"]}
 
-    @task
+    @task(multiple_outputs=False)
     def publish(evaluation: dict, params=None, run_id=None, dag_run=None) -> dict:
         from training import pipeline
         from training_airflow.params import aws_conn_id, config_for_run
@@ -87,7 +87,8 @@ with DAG(
         registry = open_registry(cfg, aws_conn_id())
         return pipeline.publish(cfg, registry, created=dag_run.run_after.isoformat())
 
-    @task(outlets=[PRODUCTION_MODEL], execution_timeout=timedelta(minutes=10))
+    @task(outlets=[PRODUCTION_MODEL], execution_timeout=timedelta(minutes=10),
+          multiple_outputs=False)
     def promote(published: dict, params=None, run_id=None, dag_run=None,
                 outlet_events=None) -> dict:
         from airflow.sdk.exceptions import AirflowSkipException

@@ -1,15 +1,33 @@
-"""Shared fixtures: one staged copy of ``digits`` and one trained run per test session.
+"""Shared fixtures: one staged copy of ``digits``, one trained run, one S3 server and
+one Airflow home (SQLite) per test session.
 
 TensorFlow is configured once, before anything initialises it: two logical CPU devices,
-so MirroredStrategy can be exercised for real on a CPU-only machine.
+so MirroredStrategy can be exercised for real on a CPU-only machine. Airflow reads its
+configuration when first imported, so its environment is set here, at collection.
 """
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
 
 import pytest
+from s3server import MotoServer
 
+ROOT = Path(__file__).resolve().parents[1]
+AIRFLOW_HOME = tempfile.mkdtemp(prefix="airflow-home-")
+AIRFLOW_ENV = {
+    "AIRFLOW_HOME": AIRFLOW_HOME,
+    "AIRFLOW__CORE__DAGS_FOLDER": os.fspath(ROOT / "dags"),
+    "AIRFLOW__CORE__PLUGINS_FOLDER": os.fspath(ROOT / "plugins"),
+    "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+    "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{AIRFLOW_HOME}/airflow.db",
+    "TRAINING_DATA_DIR": os.fspath(Path(AIRFLOW_HOME) / "training"),
+}
+os.environ.update(AIRFLOW_ENV)
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
@@ -48,3 +66,22 @@ def trained_run(staged_digits, tmp_path_factory: pytest.TempPathFactory):
         "strategy": "one_device",
     })
     return cfg, train(cfg, staged_digits)
+
+
+@pytest.fixture(scope="session")
+def moto_server():
+    """A local S3 server over HTTP on 127.0.0.1 for the whole session."""
+    server = MotoServer()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.kill()
+
+
+@pytest.fixture(scope="session")
+def airflow_db() -> str:
+    """The session's Airflow metadata database (SQLite), migrated once."""
+    subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], check=True,
+                   capture_output=True, env={**os.environ, **AIRFLOW_ENV})
+    return AIRFLOW_HOME

@@ -27,7 +27,8 @@ from typing import Any
 from training.errors import ConfigError
 from training.models import MODELS
 
-_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+# The registry's name rule (training/registry.py), as a JSON-Schema-safe pattern.
+_NAME_PATTERN = r"^(?!.*\.\.)[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 _DEVICE_PATTERN = r"(/job:\w+(/replica:\d+)?(/task:\d+)?)?/?(device:)?(CPU|GPU|TPU|cpu|gpu|tpu):\d+"
 
 
@@ -295,7 +296,7 @@ class StorageConfig(_Section):
     run_id: str = _field(
         "", "Run identifier; empty derives it from the configuration, so a retry "
         "reuses the same directory.", key="run_id", deployment=True,
-        pattern=r"^$|" + _NAME_PATTERN[1:],
+        pattern=r"^$|" + _NAME_PATTERN,
     )
     store_uri: str = _field(
         "var/store", "Object store for published models: s3://bucket/prefix, "
@@ -304,7 +305,7 @@ class StorageConfig(_Section):
     )
     model_name: str = _field(
         "", "Registry name of the model; empty uses '<dataset>-<model>'.",
-        key="model_name", pattern=r"^$|" + _NAME_PATTERN[1:],
+        key="model_name", pattern=r"^$|" + _NAME_PATTERN,
     )
 
 

@@ -1,0 +1,170 @@
+"""DAG integrity: what a team's CI runs on every change (fast, no training).
+
+Run just these with ``.venv/bin/python -m pytest tests/dags -m "not slow"``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+from datetime import timedelta
+from types import SimpleNamespace
+
+import pytest
+
+from training.config import RunConfig, flat_fields, json_schema
+
+HEAVY = ("tensorflow", "keras", "tensorflow_datasets", "boto3")
+EXPECTED_GRAPH = {
+    "stage_dataset": {"train", "evaluate"},
+    "train": {"evaluate"},
+    "evaluate": {"publish"},
+    "publish": {"promote"},
+    "promote": set(),
+}
+
+
+@pytest.fixture(scope="module")
+def dagbag():
+    from airflow.dag_processing.dagbag import DagBag
+
+    return DagBag(os.environ["AIRFLOW__CORE__DAGS_FOLDER"])
+
+
+@pytest.fixture(scope="module")
+def dag(dagbag):
+    return dagbag.dags["keras_retrain"]
+
+
+def test_dags_import_without_errors(dagbag):
+    assert dagbag.import_errors == {}
+    assert "keras_retrain" in dagbag.dags
+
+
+def test_parsing_imports_no_heavy_module_in_a_fresh_interpreter():
+    code = (
+        "import json, os, sys\n"
+        "from airflow.dag_processing.dagbag import DagBag\n"
+        "bag = DagBag(os.environ['AIRFLOW__CORE__DAGS_FOLDER'])\n"
+        f"print(json.dumps({{'errors': list(bag.import_errors), 'dags': list(bag.dags),"
+        f" 'heavy': [m for m in {HEAVY!r} if m in sys.modules]}}))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=os.environ, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result == {"errors": [], "dags": ["keras_retrain"], "heavy": []}
+
+
+def test_every_dag_follows_the_house_rules(dagbag):
+    for dag in dagbag.dags.values():
+        assert dag.catchup is False, dag.dag_id
+        assert dag.max_active_runs == 1, dag.dag_id
+        assert dag.tags, dag.dag_id
+        assert dag.doc_md, dag.dag_id
+        for task in dag.tasks:
+            assert task.owner and task.owner != "airflow", task.task_id
+            assert task.retries >= 1, task.task_id
+            assert task.retry_exponential_backoff > 1, task.task_id
+            assert isinstance(task.execution_timeout, timedelta), task.task_id
+
+
+def test_task_graph(dag):
+    assert {t.task_id: set(t.downstream_task_ids) for t in dag.tasks} == EXPECTED_GRAPH
+    assert [o.name for o in dag.get_task("promote").outlets] == ["training_production_model"]
+    assert [o.name for o in dag.get_task("stage_dataset").outlets] == ["training_staged_dataset"]
+
+
+def test_schedule_is_nightly_by_default(dag):
+    assert dag.timetable.expression == "0 3 * * *"
+
+
+def test_schedule_is_overridable_from_the_environment():
+    code = ("import os\nfrom airflow.dag_processing.dagbag import DagBag\n"
+            "print(DagBag(os.environ['AIRFLOW__CORE__DAGS_FOLDER'])"
+            ".dags['keras_retrain'].timetable.expression)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**os.environ, "TRAINING_SCHEDULE": "30 1 * * 1-5"}, timeout=300)
+    assert proc.stdout.strip().splitlines()[-1] == "30 1 * * 1-5", proc.stderr[-2000:]
+
+
+def test_default_params_validate_and_map_onto_the_default_config(dag):
+    from training_airflow.params import config_for_run
+
+    params = dag.params.validate()
+    cfg = config_for_run(params, "scheduled__2026-11-30T03:00:00+00:00")
+    defaults = RunConfig().to_flat()
+    deployment = {s.key for s in flat_fields() if s.deployment}
+    assert {k: v for k, v in cfg.to_flat().items() if k not in deployment} == {
+        k: v for k, v in defaults.items() if k not in deployment}
+    assert cfg.run_id == "scheduled__2026-11-30T03-00-00-00-00"
+
+
+def test_form_is_the_config_schema_minus_deployment_settings(dag):
+    schema = json_schema(flat=True)["properties"]
+    form = {s.key for s in flat_fields() if not s.deployment}
+    assert set(dag.params) == form
+    for key in form:
+        param = dag.params.get_param(key)
+        assert param.description == schema[key]["description"]
+        for rule in ("minimum", "maximum", "exclusiveMinimum", "enum", "pattern"):
+            assert param.schema.get(rule) == schema[key].get(rule), (key, rule)
+        assert param.schema["section"]
+    for key in ("dataset", "model", "epochs", "batch_size", "learning_rate", "lr_scaling",
+                "early_stopping_patience", "reduce_lr_factor", "strategy", "accelerator",
+                "workers", "launcher", "min_accuracy", "min_improvement", "force_promote",
+                "model_name"):
+        assert key in dag.params, key
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("epochs", 0), ("batch_size", -1), ("model", "nope"), ("learning_rate", 0),
+     ("accelerator", "fpga"), ("workers", 0), ("min_accuracy", 1.5), ("strategy", "ps"),
+     ("model_name", "../x"), ("launcher", "slurm")],
+)
+def test_invalid_form_values_are_rejected_by_airflow(dag, key, value):
+    from airflow.sdk.exceptions import ParamValidationError
+
+    params = copy.deepcopy(dag.params)
+    with pytest.raises(ParamValidationError, match=key):
+        params[key] = value  # ParamsDict validates on assignment, as the trigger form does
+        params.validate()
+
+
+def test_conf_cannot_override_deployment_settings_or_add_unknown_keys():
+    from training.errors import ConfigError
+    from training_airflow.params import config_for_run
+
+    with pytest.raises(ConfigError, match="store_uri is set by the deployment"):
+        config_for_run({"store_uri": "s3://elsewhere"}, "manual__x")
+    with pytest.raises(ConfigError, match="unknown config key 'epoch'"):
+        config_for_run({"epoch": 3}, "manual__x")
+
+
+@pytest.mark.parametrize(("accelerator", "queue"), [("gpu", "gpu"), ("tpu", "tpu"),
+                                                     ("cpu", "default"), (None, "default")])
+def test_train_is_routed_to_the_accelerator_queue(accelerator, queue):
+    from training_airflow.policies import task_instance_mutation_hook
+
+    conf = {} if accelerator is None else {"accelerator": accelerator}
+    train = SimpleNamespace(task_id="train", queue="default")
+    task_instance_mutation_hook(task_instance=train, dag_run=SimpleNamespace(conf=conf))
+    assert train.queue == queue
+    other = SimpleNamespace(task_id="evaluate", queue="default")
+    task_instance_mutation_hook(task_instance=other, dag_run=SimpleNamespace(conf=conf))
+    assert other.queue == "default"
+
+
+def test_the_policy_is_registered_with_airflow():
+    from airflow.policies import make_plugin_from_local_settings  # noqa: F401
+    from airflow.settings import get_policy_plugin_manager, load_policy_plugins
+
+    manager = get_policy_plugin_manager()
+    load_policy_plugins(manager)
+    names = [type(p).__name__ if not hasattr(p, "__name__") else p.__name__
+             for p in manager.get_plugins()]
+    assert "training_airflow.policies" in names
