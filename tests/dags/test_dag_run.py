@@ -1,0 +1,109 @@
+"""The whole DAG end-to-end with ``dag.test()``: digits, the store on a local S3 server
+over HTTP, credentials from the ``aws_default`` connection."""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+
+import pytest
+from s3server import REGION
+
+pytestmark = pytest.mark.slow
+
+SECRET = f"never-log-me-{uuid.uuid4().hex}"
+
+
+def _states_and_xcoms(run_id: str) -> tuple[dict, dict]:
+    from airflow.models import TaskInstance
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        tis = session.query(TaskInstance).filter(TaskInstance.run_id == run_id).all()
+        xcoms = session.query(XComModel).filter(XComModel.run_id == run_id).all()
+        return ({ti.task_id: str(ti.state) for ti in tis},
+                {(x.task_id, x.key): x.value for x in xcoms})
+
+
+def _rendered(run_id: str) -> str:
+    from airflow.models.renderedtifields import RenderedTaskInstanceFields as RTIF
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        return " ".join(str(r.rendered_fields) for r in
+                        session.query(RTIF).filter(RTIF.run_id == run_id).all())
+
+
+def _run_count() -> int:
+    from airflow.models import DagRun
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        return session.query(DagRun).filter(DagRun.dag_id == "keras_retrain").count()
+
+
+@pytest.fixture
+def dag(airflow_db, moto_server, monkeypatch):
+    from airflow.dag_processing.dagbag import DagBag
+
+    bucket = moto_server.create_bucket()
+    monkeypatch.setenv("TRAINING_STORE_URI", f"s3://{bucket}/team")
+    monkeypatch.setenv("AIRFLOW_CONN_AWS_DEFAULT", json.dumps({
+        "conn_type": "aws", "login": "test-access-key", "password": SECRET,
+        "extra": {"endpoint_url": moto_server.endpoint, "region_name": REGION},
+    }))
+    return DagBag(os.environ["AIRFLOW__CORE__DAGS_FOLDER"]).dags["keras_retrain"]
+
+
+def test_first_run_promotes_second_records_why_not_invalid_conf_never_runs(dag, capfd):
+    from airflow.sdk.exceptions import ParamValidationError
+
+    from training.registry import ModelRegistry
+    from training.storage import open_store
+    from training_airflow.store import s3_options
+
+    conf = {"epochs": 3, "min_accuracy": 0.5, "model_name": "e2e"}
+    first = dag.test(run_conf=conf)
+    states, xcoms = _states_and_xcoms(first.run_id)
+    assert str(first.state) == "success"
+    assert set(states.values()) == {"success"}, states
+    published = xcoms[("publish", "return_value")]
+    version = published["version"]
+    assert published["store_uri"] == os.environ["TRAINING_STORE_URI"]
+
+    store_uri = os.environ["TRAINING_STORE_URI"]
+    registry = ModelRegistry(open_store(store_uri, s3_options(store_uri, "aws_default")))
+    assert registry.production("e2e") == version
+    registry.verify("e2e", version)
+
+    # A second run must beat the first by 50 points: it cannot, so promote is skipped.
+    second = dag.test(run_conf={**conf, "min_improvement": 0.5})
+    states, xcoms = _states_and_xcoms(second.run_id)
+    assert str(second.state) == "success"
+    assert states["promote"] == "skipped" and states["publish"] == "success", states
+    decision = xcoms[("evaluate", "return_value")]["decision"]
+    assert decision["promote"] is False
+    assert any(f"over champion {version}" in r and "< required +0.5000" in r
+               for r in decision["reasons"]), decision
+    assert registry.production("e2e") == version
+    new_version = xcoms[("publish", "return_value")]["version"]
+    stored = json.loads(open_store(store_uri, s3_options(store_uri, "aws_default")).get_bytes(
+        f"models/e2e/versions/{new_version}/evaluation.json"))
+    assert stored["decision"] == decision
+
+    # An invalid conf is refused before a run exists.
+    runs = _run_count()
+    with pytest.raises(ParamValidationError, match="epochs"):
+        dag.test(run_conf={**conf, "epochs": 0})
+    assert _run_count() == runs
+
+    # The connection's secret never reaches logs, XCom or rendered fields.
+    out, err = capfd.readouterr()
+    assert "Epoch 1/3" in out + err  # the training subprocess streamed into the task log
+    for run in (first, second):
+        _, run_xcoms = _states_and_xcoms(run.run_id)
+        assert SECRET not in json.dumps(list(run_xcoms.values()), default=str)
+        assert SECRET not in _rendered(run.run_id)
+    assert SECRET not in out + err
