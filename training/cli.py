@@ -148,9 +148,18 @@ def execute(args: argparse.Namespace) -> int:
     if args.command == "stage":
         return 0
     if args.command in ("train", "run"):
-        from training.fit import train
+        if cfg.runtime.workers > 1 and not os.environ.get("TF_CONFIG"):
+            from training.launch import local  # N worker processes on this host
 
-        print(json.dumps({"trained": train(cfg, staged).to_dict()}))
+            result = local.run(cfg, staged=staged)
+            if result.returncode:
+                print(f"error: {result.reason}", file=sys.stderr)
+                return result.returncode
+            print(json.dumps({"trained": result.trained}))
+        else:
+            from training.fit import train
+
+            print(json.dumps({"trained": train(cfg, staged).to_dict()}))
     if args.command == "train":
         return 0
     registry = pipeline.open_registry(cfg)

@@ -30,7 +30,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from training import datasets, models
+from training import compat, datasets, models
 from training.config import FitConfig, RunConfig
 from training.datasets import StagedDataset
 from training.strategy import resolve
@@ -138,6 +138,7 @@ def train(cfg: RunConfig, staged: StagedDataset, **resolve_kwargs: Any) -> Train
     keras.utils.set_random_seed(cfg.fit.seed)
     keras.mixed_precision.set_global_policy(cfg.runtime.mixed_precision)
     resolved = resolve(cfg, **resolve_kwargs)
+    compat.apply(resolved.strategy)  # Keras 3 under MultiWorkerMirroredStrategy; else no-op
     datasets.verify(staged)  # before any training: a corrupted shard stops here
 
     final_dir = cfg.run_dir()
