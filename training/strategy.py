@@ -165,7 +165,7 @@ def resolve(
         gpus=sum(1 for d in devices if "gpu" in d.lower()),
     )
     if kind == "tpu":
-        strategy = _tpu_strategy(resolver)
+        strategy = _tpu_strategy(resolver, runtime.tpu)
     elif kind == "multi_worker":
         strategy = tf.distribute.MultiWorkerMirroredStrategy()
     elif kind == "mirrored":
@@ -191,9 +191,24 @@ def resolve(
     return resolved
 
 
-def _tpu_strategy(resolver: Any) -> Any:
+def precision_policy(requested: str, kind: str) -> str:
+    """The Keras dtype policy: as asked, or for ``auto`` bfloat16 on TPU, else float32."""
+    if requested != "auto":
+        return requested
+    return "mixed_bfloat16" if kind == "tpu" else "float32"
+
+
+def _tpu_strategy(resolver: Any, name: str) -> Any:
+    """Connect to the TPU the resolver names, initialise it, build TPUStrategy."""
     import tensorflow as tf
 
     tf.config.experimental_connect_to_cluster(resolver)
-    tf.tpu.experimental.initialize_tpu_system(resolver)
+    try:
+        tf.tpu.experimental.initialize_tpu_system(resolver)
+    # TF signals "no TPU here" with a bare AssertionError, other failures with OpError.
+    except (AssertionError, tf.errors.OpError, ValueError, RuntimeError) as exc:
+        raise ConfigError(
+            f"runtime.tpu {name!r} answered at {resolver.master()} but its TPU system "
+            f"could not be initialised: {str(exc) or type(exc).__name__}"
+        ) from None
     return tf.distribute.TPUStrategy(resolver)

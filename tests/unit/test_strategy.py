@@ -112,3 +112,52 @@ def test_resolve_auto_does_not_probe_for_a_tpu_on_a_plain_host():
         raise AssertionError("probed for a TPU")
 
     assert st.resolve(RunConfig(), tpu_resolver=must_not_be_called).kind == "one_device"
+
+
+@pytest.mark.parametrize(("requested", "kind", "expected"), [
+    ("auto", "tpu", "mixed_bfloat16"), ("auto", "mirrored", "float32"),
+    ("auto", "one_device", "float32"), ("mixed_float16", "mirrored", "mixed_float16"),
+    ("float32", "tpu", "float32"),
+])
+def test_precision_policy(requested, kind, expected):
+    assert st.precision_policy(requested, kind) == expected
+
+
+def test_tpu_path_connects_through_the_resolver_and_reports_a_missing_tpu(tmp_path):
+    """The faked resolver points at a real local TensorFlow server: connecting works for
+    real, and initialising the TPU system fails there (no TPU), as a clear ConfigError.
+    In a subprocess, because connecting to a cluster changes the process's TF context."""
+    import subprocess
+    import sys
+
+    code = '''
+import tensorflow as tf
+from training import strategy as st
+from training.config import RunConfig
+from training.errors import ConfigError
+
+server = tf.distribute.Server.create_local_server()
+calls = []
+
+def fake_resolver(name):
+    calls.append(name)
+    host = server.target.replace("grpc://", "")
+    return tf.distribute.cluster_resolver.SimpleClusterResolver(
+        tf.train.ClusterSpec({"worker": [host]}), master=host, task_type="worker",
+        task_id=0, rpc_layer="grpc")
+
+try:
+    st.resolve(RunConfig.from_flat({"strategy": "auto", "tpu": "v5e-8"}),
+               tpu_resolver=fake_resolver)
+except ConfigError as exc:
+    print("ERROR", exc)
+print("CALLS", calls)
+print("DEVICES", [d.name for d in tf.config.list_logical_devices()])
+'''
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300)
+    out = proc.stdout
+    assert "CALLS ['v5e-8']" in out, proc.stderr[-2000:]
+    assert "ERROR runtime.tpu 'v5e-8' answered at grpc://localhost:" in out
+    assert "could not be initialised: AssertionError" in out
+    assert "/job:worker/replica:0/task:0/device:CPU:0" in out  # really connected
