@@ -9,8 +9,13 @@ credentials through its environment only. The run's config is written to
 comes from the Airflow run, a retry lands in the same run directory and
 BackupAndRestore resumes it.
 
+``launcher=kubernetes`` runs the run's pods as an Indexed Job through the cncf-kubernetes
+provider's ``KubernetesHook`` and follows it to the end
+(``training_airflow.kubernetes``); ``on_kill`` deletes the Job.
+
 Other launchers plug in through ``LAUNCHERS``: one function that takes the operator,
-the config and the context.
+the config and the context. A launcher that needs its own clean-up on kill sets
+``operator.stop``.
 """
 
 from __future__ import annotations
@@ -23,11 +28,12 @@ from typing import Any
 
 from airflow.sdk import BaseOperator
 
+from training.errors import TrainingError
 from training_airflow.params import aws_conn_id, config_for_run
 
 
-class TrainingLaunchError(RuntimeError):
-    """Training ended without a model (non-zero exit or an unavailable launcher)."""
+class TrainingLaunchError(TrainingError, RuntimeError):
+    """Training ended without a model (non-zero exit, a failed Job, an unusable launcher)."""
 
 
 def _launch_local(operator: TrainOperator, cfg: Any, context: Any) -> dict[str, Any]:
@@ -52,9 +58,9 @@ def _launch_local(operator: TrainOperator, cfg: Any, context: Any) -> dict[str, 
 
 
 def _launch_kubernetes(operator: TrainOperator, cfg: Any, context: Any) -> dict[str, Any]:
-    raise TrainingLaunchError(
-        "launcher 'kubernetes' is not available in this deployment yet; use launcher=local"
-    )
+    from training_airflow.kubernetes import launch
+
+    return launch(operator, cfg, context)
 
 
 LAUNCHERS: dict[str, Callable[[TrainOperator, Any, Any], dict[str, Any]]] = {
@@ -71,6 +77,7 @@ class TrainOperator(BaseOperator):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.hook: Any = None
+        self.stop: Callable[[], None] | None = None  # set by launchers with their own kill
 
     def execute(self, context: Any) -> dict[str, Any]:
         cfg = config_for_run(context["params"], context["run_id"])
@@ -81,5 +88,7 @@ class TrainOperator(BaseOperator):
         return launch(self, cfg, context)
 
     def on_kill(self) -> None:
-        if self.hook is not None:
+        if self.stop is not None:
+            self.stop()
+        elif self.hook is not None:
             self.hook.send_sigterm()
