@@ -84,6 +84,10 @@ def evaluate(cfg: RunConfig, staged: StagedDataset, registry: ModelRegistry) -> 
         "decision": decision.to_dict(),
     }
     (out / EVALUATION).write_text(json.dumps(evaluation, indent=2) + "\n")
+    from training.report import build_report  # matplotlib: only where a report is built
+
+    log.info("report: %s (published with the version as models/%s/versions/%s/report/"
+             "index.html)", build_report(out), name, cfg.run_id)
     verdict = "promote" if decision.promote else "keep production"
     log.info("decision for %s %s: %s%s", name, cfg.run_id, verdict,
              " (forced)" if decision.forced else "")

@@ -1,0 +1,223 @@
+"""The version report from small synthetic records: plots, marks, escaping, layout."""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+import sys
+from pathlib import Path
+
+import pytest
+
+from training import report
+from training.errors import TrainingError
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+INJECTION = '<script>alert("x")</script> & <img src=x onerror=alert(1)>'
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    """Width and height from a PNG's IHDR chunk, after checking the signature."""
+    data = path.read_bytes()
+    assert data[:8] == PNG_SIGNATURE, f"{path} is not a PNG"
+    assert data[12:16] == b"IHDR"
+    width, height = struct.unpack(">II", data[16:24])
+    assert data.rstrip(b"\x00")[-8:-4] == b"IEND"
+    return width, height
+
+
+def write_records(model_dir: Path, *, reason: str = "challenger accuracy 0.9000 >= minimum",
+                  epochs: int = 8) -> None:
+    model_dir.mkdir(parents=True, exist_ok=True)
+    lrs = [1e-3] * 3 + [5e-4] * 3 + [2.5e-4] * (epochs - 6)
+    history = {
+        "epochs": list(range(1, epochs + 1)),
+        "metrics": {
+            "loss": [1.0 / (e + 1) for e in range(epochs)],
+            "accuracy": [0.5 + 0.05 * e for e in range(epochs)],
+            "val_loss": [1.1 / (e + 1) + (0.05 if e > 4 else 0) for e in range(epochs)],
+            "val_accuracy": [0.45 + 0.05 * e for e in range(epochs)],
+            "learning_rate": lrs,
+        },
+        "lr_reduced_at_epochs": [4, 7],
+        "early_stopping": {"monitor": "val_loss", "stopped_epoch": 8, "best_epoch": 5,
+                           "best_value": 0.1833, "restored_best_weights": True},
+    }
+    evaluation = {
+        "model_name": "digits-mlp",
+        "version": "manual__2026-11-30",
+        "dataset": "digits:1.0.0@b504be350b053dde",
+        "challenger": {
+            "examples": 6, "loss": 0.51, "accuracy": 0.6667, "macro_f1": 0.65,
+            "per_class": [
+                {"class": 0, "precision": 0.5, "recall": 0.5, "f1": 0.5, "support": 2},
+                {"class": 1, "precision": 0.6667, "recall": 1.0, "f1": 0.8, "support": 2},
+                {"class": 2, "precision": 1.0, "recall": 0.5, "f1": 0.6667, "support": 2},
+            ],
+            "confusion_matrix": [[1, 1, 0], [0, 2, 0], [1, 0, 1]],
+        },
+        "champion": {"version": "nightly-41", "accuracy": 0.7, "loss": 0.45},
+        "policy": {"min_accuracy": 0.5, "min_improvement": 0.0, "force_promote": False},
+        "decision": {"promote": False, "forced": False,
+                     "reasons": [reason, "improvement -0.0333 over champion nightly-41"]},
+    }
+    config = {"fit": {"epochs": 8, "learning_rate": 0.001, "reduce_lr_factor": 0.5},
+              "model": {"name": "mlp"},
+              "storage": {"model_name": "", "store_uri": "s3://models/prod"}}
+    run = {
+        "run_id": "manual__2026-11-30",
+        "started_at": "2026-11-30T03:00:00+00:00",
+        "dataset": {"name": "digits", "version": "1.0.0", "fingerprint": "b504be350b053dde",
+                    "key": "digits:1.0.0@b504be350b053dde"},
+        "strategy": {"kind": "mirrored", "replicas_in_sync": 2, "global_batch_size": 128},
+        "software": {"python": "3.11.7", "tensorflow": "2.21.0", "keras": "3.15.1"},
+    }
+    for name, record in (("history.json", history), ("evaluation.json", evaluation),
+                         ("config.json", config), ("run.json", run)):
+        (model_dir / name).write_text(json.dumps(record))
+
+
+def table(page: str, cls: str) -> str:
+    match = re.search(rf'<table class="{cls}">(.*?)</table>', page, re.S)
+    assert match, f"no table {cls!r} in the report"
+    return match.group(1)
+
+
+def test_report_has_both_plots_every_record_and_marks_lr_drops_and_restored_epoch(tmp_path):
+    write_records(tmp_path)
+    index = report.build_report(tmp_path)
+
+    assert index == tmp_path / "report" / "index.html"
+    for name in ("learning_curves.png", "confusion_matrix.png"):
+        width, height = png_size(tmp_path / "report" / name)
+        assert width >= 300 and height >= 300
+        assert 5_000 < (tmp_path / "report" / name).stat().st_size < 2_000_000
+    page = index.read_text()
+    assert 'src="learning_curves.png"' in page and 'src="confusion_matrix.png"' in page
+    # Decision, its reasons and the comparison with the champion.
+    assert "keep the production model" in page
+    assert "improvement -0.0333 over champion nightly-41" in page
+    assert "champion nightly-41" in table(page, "comparison")
+    # LR drops: epochs 4 and 7, with the rates before and after.
+    drops = table(page, "lr-drops")
+    assert re.search(r"<td>4</td><td>0\.001</td><td>0\.0005</td>", drops), drops
+    assert re.search(r"<td>7</td><td>0\.0005</td><td>0\.00025</td>", drops), drops
+    es = table(page, "early-stopping")
+    assert "<td>best epoch</td><td>5</td>" in es
+    assert "<td>best epoch&#x27;s weights restored</td><td>yes</td>" in es
+    assert "<td>stopped early at epoch</td><td>8</td>" in es
+    # Per-class metrics, data fingerprint, software, config.
+    assert "<td>1</td><td>0.6667</td><td>1.0000</td><td>0.8000</td><td>2</td>" in table(
+        page, "per-class")
+    assert "b504be350b053dde" in table(page, "dataset")
+    assert "<td>tensorflow</td><td>2.21.0</td>" in table(page, "software")
+    assert "<td>mirrored</td>" in table(page, "strategy")
+    cfg = table(page, "config")
+    assert "<td>fit</td><td>reduce_lr_factor</td><td>0.5000</td>" in cfg
+    assert "<td>storage</td><td>store_uri</td><td>s3://models/prod</td>" in cfg
+    # Self-contained: no script, no external reference.
+    assert "<script" not in page and "http://" not in page and "https://" not in page
+    assert not re.search(r'src="(?!learning_curves\.png|confusion_matrix\.png)', page)
+
+
+def test_plot_marks_are_the_history_epochs(tmp_path):
+    write_records(tmp_path)
+    history = json.loads((tmp_path / "history.json").read_text())
+    marks = report.plot_learning_curves(history, tmp_path / "curves.png")
+    assert marks == {"lr_drops": [4, 7], "best_epoch": 5, "restored_best_weights": True,
+                     "stopped_epoch": 8, "panels": ["loss", "accuracy", "learning_rate"]}
+    png_size(tmp_path / "curves.png")
+
+
+def test_user_text_is_escaped_everywhere(tmp_path):
+    write_records(tmp_path, reason=INJECTION)
+    evaluation = json.loads((tmp_path / "evaluation.json").read_text())
+    evaluation["model_name"] = "<b>bold</b>"
+    (tmp_path / "evaluation.json").write_text(json.dumps(evaluation))
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["model"]["name"] = '"><script>x()</script>'
+    (tmp_path / "config.json").write_text(json.dumps(config))
+
+    page = report.build_report(tmp_path).read_text()
+
+    assert "<script" not in page and "<img src=x" not in page and "<b>bold" not in page
+    assert ("&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt; &amp; "
+            "&lt;img src=x onerror=alert(1)&gt;") in page
+    assert "&lt;b&gt;bold&lt;/b&gt; version manual__2026-11-30" in page
+    assert "&quot;&gt;&lt;script&gt;x()&lt;/script&gt;" in page
+
+
+def test_forced_and_first_model_verdicts(tmp_path):
+    write_records(tmp_path)
+    evaluation = json.loads((tmp_path / "evaluation.json").read_text())
+    evaluation["decision"] = {"promote": True, "forced": True, "reasons": ["forced: ..."]}
+    (tmp_path / "evaluation.json").write_text(json.dumps(evaluation))
+    assert "promoted (forced)" in report.build_report(tmp_path).read_text()
+
+    evaluation["champion"] = None
+    evaluation["decision"] = {"promote": True, "forced": False, "reasons": ["no model"]}
+    (tmp_path / "evaluation.json").write_text(json.dumps(evaluation))
+    page = report.build_report(tmp_path).read_text()
+    assert "promote to production" in page and "No model was in production" in page
+
+
+def test_a_rebuild_replaces_the_report_and_leaves_no_working_directory(tmp_path):
+    write_records(tmp_path)
+    report.build_report(tmp_path)
+    (tmp_path / "report" / "stale.png").write_bytes(b"old")
+    first = (tmp_path / "report" / "learning_curves.png").read_bytes()
+    report.build_report(tmp_path)
+    assert sorted(p.name for p in (tmp_path / "report").iterdir()) == [
+        "confusion_matrix.png", "index.html", "learning_curves.png"]
+    assert (tmp_path / "report" / "learning_curves.png").read_bytes() == first  # deterministic
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+
+
+def test_missing_evaluation_gives_curves_and_says_what_is_missing(tmp_path):
+    write_records(tmp_path)
+    (tmp_path / "evaluation.json").unlink()
+    page = report.build_report(tmp_path).read_text()
+    assert "The evaluation (evaluation.json) was not recorded for this version." in page
+    assert not (tmp_path / "report" / "confusion_matrix.png").exists()
+    png_size(tmp_path / "report" / "learning_curves.png")
+
+
+def test_errors_name_the_directory_and_the_fix(tmp_path):
+    with pytest.raises(TrainingError, match="does not exist; pass the run's model/"):
+        report.build_report(tmp_path / "nope")
+    with pytest.raises(TrainingError, match="neither history.json nor evaluation.json"):
+        report.build_report(tmp_path)
+    write_records(tmp_path)
+    (tmp_path / "run.json").write_text("{not json")
+    with pytest.raises(TrainingError, match="run.json is not valid JSON"):
+        report.build_report(tmp_path)
+
+
+def test_confusion_matrix_of_many_classes_is_drawn_without_cell_counts(tmp_path):
+    n = 40
+    matrix = [[5 if i == j else (1 if j == (i + 1) % n else 0) for j in range(n)]
+              for i in range(n)]
+    info = report.plot_confusion_matrix(matrix, tmp_path / "cm.png")
+    assert info == {"classes": n, "annotated": False}
+    width, height = png_size(tmp_path / "cm.png")
+    assert height <= 1400
+
+
+def test_building_a_report_does_not_import_tensorflow(tmp_path):
+    write_records(tmp_path)
+    import subprocess
+
+    code = ("import sys; from training.report import build_report; "
+            f"build_report({str(tmp_path)!r}); "
+            "assert 'tensorflow' not in sys.modules and 'keras' not in sys.modules; "
+            "assert 'matplotlib.pyplot' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_cli_builds_the_report(tmp_path, capsys):
+    write_records(tmp_path)
+    assert report.main([str(tmp_path)]) == 0
+    assert capsys.readouterr().out.strip() == str(tmp_path / "report" / "index.html")
+    assert report.main([str(tmp_path / "missing")]) == 1
+    assert report.main([]) == 2
