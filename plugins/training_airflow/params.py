@@ -20,6 +20,7 @@ task runs:
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections.abc import Mapping
@@ -96,3 +97,26 @@ def config_for_run(params: Mapping[str, Any], airflow_run_id: str,
                               f"run's conf, got {params[spec.key]!r}")
     return RunConfig.from_flat({**params, **deployment_settings(env),
                                 "run_id": run_id_for(airflow_run_id)})
+
+
+def form_markdown() -> str:
+    """The trigger form as a Markdown table, by section (pasted into the README)."""
+    rows = ["| section | field (conf key) | type | default | allowed |", "|---|---|---|---|---|"]
+    for spec in sorted(form_fields(), key=lambda s: list(SECTION_TITLES).index(s.section)):
+        rules = spec.rules
+        if "enum" in rules:
+            allowed = ", ".join(f"`{v}`" for v in rules["enum"])
+        elif "minimum" in rules or "exclusive_minimum" in rules:
+            low = rules.get("minimum", rules.get("exclusive_minimum"))
+            op = "<" if "exclusive_minimum" in rules else "<="
+            allowed = f"{low} {op} x <= {rules['maximum']}"
+        else:
+            allowed = "name pattern" if "pattern" in rules else "any"
+        default = "empty" if spec.default in ("", None, []) else f"`{json.dumps(spec.default)}`"
+        rows.append(f"| {SECTION_TITLES[spec.section]} | `{spec.key}` | {spec.type} "
+                    f"| {default} | {allowed} |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(form_markdown())

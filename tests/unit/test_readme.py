@@ -18,3 +18,9 @@ def test_the_readme_configuration_reference_is_the_generated_one():
 def test_ci_runs_the_readme_test_command():
     assert "./dev test" in README
     assert "./dev test" in (ROOT / ".ci" / "run").read_text()
+
+
+def test_the_readme_form_table_is_the_generated_one():
+    from training_airflow.params import form_markdown
+
+    assert form_markdown() in README, "regenerate it: python -m training_airflow.params"
