@@ -144,6 +144,9 @@ def stage(cfg: DatasetConfig) -> StagedDataset:
                  cfg.name, version_dir, manifest["fingerprint"])
     else:
         log.info("staging %s: preparing into %s", cfg.name, version_dir)
+        import tensorflow_datasets as tfds
+
+        tfds.disable_progress_bar()  # progress bars flood task logs (stderr)
         builder.download_and_prepare()
         version_dir.mkdir(parents=True, exist_ok=True)
         entries = _manifest_entries(version_dir)

@@ -89,14 +89,22 @@ def config_for_run(params: Mapping[str, Any], airflow_run_id: str,
     """The validated RunConfig of one DAG run: form params + deployment + run id.
 
     Unknown keys in the run's conf are errors that name the key and list the allowed
-    ones (the library's ``ConfigError``); so is a deployment setting in the conf.
+    ones, and so is a deployment setting in the conf: ``AirflowFailException`` (no
+    retries) carrying the library's ``ConfigError``.
     """
-    for spec in flat_fields():
-        if spec.deployment and spec.key in params:
-            raise ConfigError(f"{spec.key} is set by the deployment's environment, not by a "
-                              f"run's conf, got {params[spec.key]!r}")
-    return RunConfig.from_flat({**params, **deployment_settings(env),
-                                "run_id": run_id_for(airflow_run_id)})
+    from airflow.sdk.exceptions import AirflowFailException
+
+    try:
+        for spec in flat_fields():
+            if spec.deployment and spec.key in params:
+                raise ConfigError(f"{spec.key} is set by the deployment's environment, not by "
+                                  f"a run's conf, got {params[spec.key]!r}")
+        return RunConfig.from_flat({**params, **deployment_settings(env),
+                                    "run_id": run_id_for(airflow_run_id)})
+    except ConfigError as exc:
+        # Airflow 3.3 lets conf keys the form does not declare through; a retry cannot
+        # fix a bad conf, so the task fails at once instead of retrying with backoff.
+        raise AirflowFailException(f"invalid run configuration: {exc}") from exc
 
 
 def form_markdown() -> str:

@@ -136,12 +136,13 @@ def test_invalid_form_values_are_rejected_by_airflow(dag, key, value):
 
 
 def test_conf_cannot_override_deployment_settings_or_add_unknown_keys():
-    from training.errors import ConfigError
+    from airflow.sdk.exceptions import AirflowFailException
+
     from training_airflow.params import config_for_run
 
-    with pytest.raises(ConfigError, match="store_uri is set by the deployment"):
+    with pytest.raises(AirflowFailException, match="store_uri is set by the deployment"):
         config_for_run({"store_uri": "s3://elsewhere"}, "manual__x")
-    with pytest.raises(ConfigError, match="unknown config key 'epoch'"):
+    with pytest.raises(AirflowFailException, match="unknown config key 'epoch'"):
         config_for_run({"epoch": 3}, "manual__x")
 
 

@@ -107,3 +107,13 @@ def test_first_run_promotes_second_records_why_not_invalid_conf_never_runs(dag, 
         assert SECRET not in json.dumps(list(run_xcoms.values()), default=str)
         assert SECRET not in _rendered(run.run_id)
     assert SECRET not in out + err
+
+
+def test_an_undeclared_conf_key_fails_the_run_at_once_without_retries(dag):
+    # Airflow 3.3 lets conf keys the form does not declare through to the run; the first
+    # task refuses them and fails without retrying (a retry cannot fix a conf).
+    run = dag.test(run_conf={"epochz": 3})
+    states, _ = _states_and_xcoms(run.run_id)
+    assert str(run.state) == "failed"
+    assert states["stage_dataset"] == "failed", states
+    assert states["train"] == "upstream_failed", states
