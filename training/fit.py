@@ -11,10 +11,16 @@ version, and beside it the working state (``checkpoints/``, ``backup/``). ``mode
 * ``saved_model/``     a SavedModel export for serving (``serve`` signature, raw pixels);
 * ``history.json`` / ``history.csv``  per-epoch metrics and learning rate.
 
-``checkpoints/best.keras`` is ModelCheckpoint's best epoch. ``backup/`` holds
-BackupAndRestore state while training runs: a re-run with the same run id resumes
-from the last finished epoch. Only the chief writes these files; other
-workers of a multi-worker run write to a temporary directory that is removed.
+``checkpoints/best.keras`` is ModelCheckpoint's best epoch. ``backup/`` holds the
+resumable state while training runs (``training.resume``: BackupAndRestore's weights,
+optimizer and epoch, plus EarlyStopping's, ReduceLROnPlateau's and ModelCheckpoint's
+state, the learning rate and the history so far): a re-run with the same run id
+resumes after the last finished epoch with those callbacks where they were, and
+``history.json`` covers every epoch of the run. SIGTERM during ``model.fit`` writes a
+backup at the end of the current batch and exits 143 (single worker; see
+``training.resume``). ``backup/`` is removed when training ends. Only the chief writes
+these files; other workers of a multi-worker run write to a temporary directory that
+is removed.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ from typing import Any
 from training import compat, datasets, models
 from training.config import FitConfig, RunConfig
 from training.datasets import StagedDataset
-from training.strategy import resolve
+from training.strategy import precision_policy, resolve
 
 log = logging.getLogger(__name__)
 
@@ -44,37 +50,47 @@ def model_dir(run_dir: str | Path) -> Path:
 
 
 def make_callbacks(fit: FitConfig, run_dir: Path) -> list[Any]:
-    """EarlyStopping, ReduceLROnPlateau, best checkpoint, backup, NaN guard, CSV log."""
+    """NaN guard, EarlyStopping, ReduceLROnPlateau, best checkpoint, CSV log, backup.
+
+    The backup (``resume.ResumableBackup``) comes after the callbacks whose state it
+    saves and restores: see ``training.resume`` for why the order matters.
+    """
     import keras
+
+    from training import resume
 
     (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
     mode = "max" if fit.early_stopping_monitor.endswith("accuracy") else "min"
+    early_stopping = keras.callbacks.EarlyStopping(
+        monitor=fit.early_stopping_monitor,
+        mode=mode,
+        patience=fit.early_stopping_patience,
+        min_delta=fit.early_stopping_min_delta,
+        restore_best_weights=fit.restore_best_weights,
+        verbose=1,
+    )
+    reduce_lr = keras.callbacks.ReduceLROnPlateau(
+        monitor=fit.early_stopping_monitor,
+        mode=mode,
+        factor=fit.reduce_lr_factor,
+        patience=fit.reduce_lr_patience,
+        min_lr=fit.min_lr,
+        verbose=1,
+    )
+    checkpoint = keras.callbacks.ModelCheckpoint(
+        os.fspath(run_dir / "checkpoints" / "best.keras"),
+        monitor=fit.early_stopping_monitor,
+        mode=mode,
+        save_best_only=True,
+    )
     return [
-        keras.callbacks.BackupAndRestore(backup_dir=os.fspath(run_dir / "backup")),
         keras.callbacks.TerminateOnNaN(),
-        keras.callbacks.EarlyStopping(
-            monitor=fit.early_stopping_monitor,
-            mode=mode,
-            patience=fit.early_stopping_patience,
-            min_delta=fit.early_stopping_min_delta,
-            restore_best_weights=fit.restore_best_weights,
-            verbose=1,
-        ),
-        keras.callbacks.ReduceLROnPlateau(
-            monitor=fit.early_stopping_monitor,
-            mode=mode,
-            factor=fit.reduce_lr_factor,
-            patience=fit.reduce_lr_patience,
-            min_lr=fit.min_lr,
-            verbose=1,
-        ),
-        keras.callbacks.ModelCheckpoint(
-            os.fspath(run_dir / "checkpoints" / "best.keras"),
-            monitor=fit.early_stopping_monitor,
-            mode=mode,
-            save_best_only=True,
-        ),
+        early_stopping,
+        reduce_lr,
+        checkpoint,
         keras.callbacks.CSVLogger(os.fspath(model_dir(run_dir) / "history.csv"), append=True),
+        resume.ResumableBackup(run_dir / "backup", early_stopping=early_stopping,
+                               reduce_lr=reduce_lr, checkpoint=checkpoint),
     ]
 
 
@@ -107,13 +123,15 @@ class TrainResult:
         return dict(self.__dict__)
 
 
-def _history_summary(history: Any, callbacks: list[Any]) -> dict[str, Any]:
+def _history_summary(epochs: list[int], metrics: dict[str, list[float]],
+                     callbacks: list[Any]) -> dict[str, Any]:
+    """history.json: ``epochs`` 0-based (as Keras's History), every epoch of the run."""
     import keras
 
     stopper = next(c for c in callbacks if isinstance(c, keras.callbacks.EarlyStopping))
-    metrics = {k: [float(v) for v in vals] for k, vals in history.history.items()}
+    metrics = {k: [float(v) for v in vals] for k, vals in metrics.items()}
     lrs = metrics.get("learning_rate", [])
-    epochs = list(history.epoch)
+    epochs = list(epochs)
     return {
         "epochs": [e + 1 for e in epochs],
         "metrics": metrics,
@@ -135,10 +153,14 @@ def train(cfg: RunConfig, staged: StagedDataset, **resolve_kwargs: Any) -> Train
     """Fit the configured model on a staged dataset; write the outputs (chief only)."""
     import keras
 
+    from training import resume
+
     keras.utils.set_random_seed(cfg.fit.seed)
-    keras.mixed_precision.set_global_policy(cfg.runtime.mixed_precision)
     resolved = resolve(cfg, **resolve_kwargs)
     compat.apply(resolved.strategy)  # Keras 3 under MultiWorkerMirroredStrategy; else no-op
+    # ``auto`` depends on the strategy found (bfloat16 on TPU); set before the model.
+    keras.mixed_precision.set_global_policy(
+        precision_policy(cfg.runtime.mixed_precision, resolved.kind))
     datasets.verify(staged)  # before any training: a corrupted shard stops here
 
     final_dir = cfg.run_dir()
@@ -174,13 +196,20 @@ def train(cfg: RunConfig, staged: StagedDataset, **resolve_kwargs: Any) -> Train
             jit_compile=cfg.runtime.jit_compile,
         )
     callbacks = make_callbacks(cfg.fit, run_dir)
+    backup = next(c for c in callbacks if isinstance(c, resume.ResumableBackup))
     log.info("training %s on %s for up to %d epochs", cfg.model.name, staged.key,
              cfg.fit.epochs)
-    history = model.fit(train_ds, validation_data=val_ds, epochs=cfg.fit.epochs,
-                        callbacks=callbacks, verbose=2,
-                        shuffle=False)  # the tf.data pipeline shuffles, seeded
+    # SIGTERM: a backup at the end of the current batch, then exit 143; not under several
+    # workers, where one worker cannot save for all (training.resume).
+    with resume.stop_on_sigterm(backup,
+                                enabled=not compat.is_multi_worker(resolved.strategy)):
+        model.fit(train_ds, validation_data=val_ds, epochs=cfg.fit.epochs,
+                  callbacks=callbacks, verbose=2,
+                  shuffle=False)  # the tf.data pipeline shuffles, seeded
 
-    summary = _history_summary(history, callbacks)
+    # The whole run's history, epochs before a restart included (History only has
+    # this process's).
+    summary = _history_summary(backup.epochs, backup.metrics, callbacks)
     (out / "history.json").write_text(json.dumps(summary, indent=2) + "\n")
     model.save(out / "model.keras")
     saved_model_path = out / "saved_model"

@@ -1,0 +1,287 @@
+"""Resume after a crash or preemption: real ``python -m training train`` processes, real
+signals (SIGKILL after an epoch, SIGTERM inside one), then a re-run of the same command.
+
+The plateau config (lr 0.05, EarlyStopping patience 3, ReduceLROnPlateau patience 2)
+makes EarlyStopping and ReduceLROnPlateau count within a few epochs, so the counters
+are non-zero when the first run is killed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from training import datasets
+from training.config import RunConfig
+from training.fit import train
+from training.resume import EXIT_CODE, METADATA_FILE, RESTORED_MARK, STATE_FILE, WEIGHTS_FILE
+
+pytestmark = pytest.mark.slow
+
+PLATEAU = {"epochs": 12, "learning_rate": 0.05, "early_stopping_patience": 3,
+           "reduce_lr_patience": 2, "reduce_lr_factor": 0.5}
+
+
+def _cfg(staged, tmp_path: Path, name: str, **flat) -> tuple[RunConfig, Path]:
+    """A one-device config whose run dir is ``tmp_path/name/resume``, and its file."""
+    cfg = RunConfig.from_flat({"staging_dir": staged.staging_dir,
+                               "output_dir": os.fspath(tmp_path / name), "run_id": "resume",
+                               "strategy": "one_device", **flat})
+    directory = tmp_path / f"{name}-config"
+    directory.mkdir()
+    return cfg, cfg.write(directory)
+
+
+def _run(config: Path, on_line: Callable[[subprocess.Popen, str], None] | None = None,
+         timeout: float = 300) -> tuple[int, list[str]]:
+    """``python -m training train --config FILE`` as the Airflow operator runs it;
+    (exit status, output lines). ``on_line(proc, line)`` sees every line as it comes."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "2",
+           "CUDA_VISIBLE_DEVICES": ""}
+    proc = subprocess.Popen([sys.executable, "-m", "training", "train", "--config",
+                             os.fspath(config)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env,
+                            start_new_session=True)
+    lines = []
+    deadline = time.monotonic() + timeout
+    try:
+        for raw in proc.stdout:
+            lines.append(raw.rstrip("\n"))
+            if on_line is not None:
+                on_line(proc, lines[-1])
+            assert time.monotonic() < deadline, "training took too long:\n" + _tail(lines)
+        return proc.wait(timeout=60), lines
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def _tail(lines: list[str], n: int = 40) -> str:
+    return "\n".join(lines[-n:])
+
+
+def _epoch_lines(lines: list[str]) -> list[str]:
+    return [line for line in lines if line.startswith("Epoch ") and "/" in line
+            and line.split("/")[0].removeprefix("Epoch ").isdigit()]
+
+
+def _restored(lines: list[str]) -> dict:
+    (line,) = [line for line in lines if RESTORED_MARK in line]
+    return json.loads(line.split(RESTORED_MARK, 1)[1])
+
+
+def _test_accuracy(model_path: str | Path, staged) -> float:
+    import keras
+
+    model = keras.saving.load_model(model_path, safe_mode=True)
+    test = datasets.make_dataset(datasets.load_builder(staged), "test",
+                                 global_batch_size=128, shuffle=False, seed=0)
+    return float(model.evaluate(test, verbose=0, return_dict=True)["accuracy"])
+
+
+def test_a_killed_run_resumes_after_its_last_epoch_with_the_callbacks_where_they_were(
+    staged_digits, tmp_path
+):
+    # The same config, uninterrupted (in this process), for the accuracy comparison.
+    whole_cfg, _ = _cfg(staged_digits, tmp_path, "whole", **PLATEAU)
+    handler = signal.getsignal(signal.SIGTERM)
+    whole = train(whole_cfg, staged_digits)
+    assert signal.getsignal(signal.SIGTERM) is handler  # put back after fit
+    whole_history = json.loads((Path(whole.run_dir) / "model" / "history.json").read_text())
+
+    cfg, config = _cfg(staged_digits, tmp_path, "killed", **PLATEAU)
+    backup = cfg.run_dir() / "backup"
+    killed: list[int] = []
+
+    def kill_when_counting(proc: subprocess.Popen, line: str) -> None:
+        # The epoch's summary line is printed after its backup was written.
+        if killed or " - loss: " not in line:
+            return
+        state = json.loads((backup / STATE_FILE).read_text())
+        callbacks = state["callbacks"]
+        if callbacks["early_stopping"]["wait"] and callbacks["reduce_lr_on_plateau"]["wait"]:
+            proc.send_signal(signal.SIGKILL)
+            killed.append(state["epochs_completed"])
+
+    code, lines = _run(config, kill_when_counting)
+    assert killed, "EarlyStopping and ReduceLROnPlateau never both waited:\n" + _tail(lines)
+    assert code == -signal.SIGKILL
+    assert not (cfg.run_dir() / "model" / "model.keras").exists()
+
+    # What the killed run left: the backup of its last finished epoch, with our state.
+    state = json.loads((backup / STATE_FILE).read_text())
+    k = state["epochs_completed"]
+    assert k == killed[0]  # killed inside the next epoch, before its backup
+    assert json.loads((backup / METADATA_FILE).read_text())["epoch"] == k
+    assert state["format"] == "training.resume/state" and state["version"] == 1
+    assert state["mid_epoch"] is None
+    assert state["history"]["epochs"] == list(range(1, k + 1))
+    saved = state["callbacks"]
+    assert saved["early_stopping"]["wait"] >= 1 and saved["reduce_lr_on_plateau"]["wait"] >= 1
+    assert saved["early_stopping"]["best_weights"] == "best.weights.h5"
+    assert (backup / "best.weights.h5").exists()
+
+    # The re-run (what an Airflow retry runs) resumes after epoch k, counters restored.
+    code, lines = _run(config)
+    assert code == 0, _tail(lines)
+    assert _epoch_lines(lines)[0] == f"Epoch {k + 1}/{cfg.fit.epochs}", _tail(lines)
+    restored = _restored(lines)
+    assert restored["epochs_completed"] == k
+    for name in ("early_stopping", "reduce_lr_on_plateau", "model_checkpoint"):
+        assert restored[name] == saved[name], name
+    assert restored["learning_rate"] == pytest.approx(saved["learning_rate"], rel=1e-6)
+    assert not backup.exists()  # removed once training ended
+
+    # history.json covers the whole run: the first k epochs are the killed run's.
+    history = json.loads((cfg.run_dir() / "model" / "history.json").read_text())
+    n = len(history["epochs"])
+    assert history["epochs"] == list(range(1, n + 1)) and n > k
+    for key, values in state["history"]["metrics"].items():
+        assert history["metrics"][key][:k] == pytest.approx(values, rel=1e-6), key
+    # The first resumed epoch trained at the restored learning rate.
+    assert history["metrics"]["learning_rate"][k] == pytest.approx(saved["learning_rate"])
+    es = history["early_stopping"]
+    if es["stopped_epoch"] is not None:  # patience counted across the restart
+        assert es["stopped_epoch"] - es["best_epoch"] == cfg.fit.early_stopping_patience
+        assert len(history["metrics"]["val_loss"]) == es["stopped_epoch"]
+
+    accuracy = _test_accuracy(cfg.run_dir() / "model" / "model.keras", staged_digits)
+    whole_accuracy = _test_accuracy(whole.model_path, staged_digits)
+    print(f"killed after epoch {k} with {saved}; resumed run: {n} epochs, stopped "
+          f"{es['stopped_epoch']}, best {es['best_epoch']}, test accuracy {accuracy:.4f}; "
+          f"uninterrupted: {len(whole_history['epochs'])} epochs, stopped "
+          f"{whole_history['early_stopping']['stopped_epoch']}, best "
+          f"{whole_history['early_stopping']['best_epoch']}, test accuracy "
+          f"{whole_accuracy:.4f}")
+    assert abs(accuracy - whole_accuracy) <= 0.01
+
+
+def test_sigterm_inside_an_epoch_writes_a_backup_exits_143_and_a_rerun_completes(
+    staged_digits, tmp_path
+):
+    cfg, config = _cfg(staged_digits, tmp_path, "term", epochs=2, batch_size=32)
+    backup = cfg.run_dir() / "backup"
+    files = (WEIGHTS_FILE, METADATA_FILE, STATE_FILE)
+    sent: dict[str, float] = {}
+    before: dict[str, float] = {}
+
+    def terminate_in_epoch_2(proc: subprocess.Popen, line: str) -> None:
+        if sent or not line.startswith("Epoch 2/"):
+            return
+        before.update({f: (backup / f).stat().st_mtime for f in files})  # epoch 1's
+        time.sleep(0.05)
+        sent["at"] = time.time()
+        proc.send_signal(signal.SIGTERM)  # as SubprocessHook.send_sigterm (its group)
+
+    code, lines = _run(config, terminate_in_epoch_2)
+    assert sent, _tail(lines)
+    assert code == EXIT_CODE == 143, _tail(lines)
+    assert any("exiting with status 143" in line for line in lines), _tail(lines)
+    assert not (cfg.run_dir() / "model" / "model.keras").exists()
+
+    # A new backup was written after the signal, marked as taken inside epoch 2.
+    for name in files:
+        mtime = (backup / name).stat().st_mtime
+        assert mtime > before[name] and mtime >= sent["at"] - 0.01, name
+    state = json.loads((backup / STATE_FILE).read_text())
+    assert state["epochs_completed"] == 1
+    assert json.loads((backup / METADATA_FILE).read_text())["epoch"] == 1
+    mid = state["mid_epoch"]
+    assert mid["epoch"] == 2 and mid["signal"] == "SIGTERM" and mid["batches_done"] >= 1
+    assert state["history"]["epochs"] == [1]
+
+    # The re-run repeats epoch 2 from its start and finishes.
+    code, lines = _run(config)
+    assert code == 0, _tail(lines)
+    assert _epoch_lines(lines) == ["Epoch 2/2"], _tail(lines)
+    assert _restored(lines)["mid_epoch"]["batches_done"] == mid["batches_done"]
+    history = json.loads((cfg.run_dir() / "model" / "history.json").read_text())
+    assert history["epochs"] == [1, 2]
+    assert history["metrics"]["loss"][0] == pytest.approx(
+        state["history"]["metrics"]["loss"][0], rel=1e-6)
+    assert (cfg.run_dir() / "model" / "model.keras").exists()
+    assert not backup.exists()
+
+
+def _tiny_fit(backup_dir: Path, epochs: int, crash_after: int | None = None,
+              ran: list[int] | None = None, crash_on_stop: bool = False, **es_kwargs):
+    """A tiny model fitted in-process with the resumable callbacks; the backup callback.
+    ``ran`` collects the (1-based) epochs this fit ran; it raises after the backup of
+    epoch ``crash_after`` or (``crash_on_stop``) of the epoch EarlyStopping stops at."""
+    import keras
+    import numpy as np
+
+    from training.resume import ResumableBackup
+
+    class Crash(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            if ran is not None:
+                ran.append(epoch + 1)
+            if epoch + 1 == crash_after or (crash_on_stop and self.model.stop_training):
+                raise RuntimeError("crash")
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    model.compile(keras.optimizers.SGD(0.1), "mse")
+    es = keras.callbacks.EarlyStopping(**{"patience": 50, "restore_best_weights": True,
+                                          **es_kwargs})
+    rlr = keras.callbacks.ReduceLROnPlateau(patience=50)
+    ckpt = keras.callbacks.ModelCheckpoint(os.fspath(backup_dir.parent / "best.keras"),
+                                           save_best_only=True)
+    backup = ResumableBackup(backup_dir, early_stopping=es, reduce_lr=rlr, checkpoint=ckpt)
+    x = np.random.default_rng(0).normal(size=(16, 3)).astype("float32")
+    model.fit(x, x[:, :2], validation_data=(x, x[:, :2]), epochs=epochs, verbose=0,
+              callbacks=[es, rlr, ckpt, backup, Crash()])
+    return backup
+
+
+def test_a_backup_swap_cut_short_by_a_crash_is_completed_and_a_foreign_state_ignored(
+    tmp_path, caplog
+):
+    backup_dir = tmp_path / "backup"
+    with pytest.raises(RuntimeError, match="crash"):
+        _tiny_fit(backup_dir, epochs=4, crash_after=2)
+    # A crash between the two renames of the next backup: the last complete backup is
+    # backup.old, and backup.new is half written (no state yet).
+    backup_dir.rename(tmp_path / "backup.old")
+    (tmp_path / "backup.new").mkdir()
+    (tmp_path / "backup.new" / WEIGHTS_FILE).write_bytes(b"half")
+    ran: list[int] = []
+    with pytest.raises(RuntimeError, match="crash"):
+        _tiny_fit(backup_dir, epochs=4, crash_after=3, ran=ran)
+    assert ran == [3]  # resumed from backup.old, after epoch 2
+    state = json.loads((backup_dir / STATE_FILE).read_text())
+    assert state["epochs_completed"] == 3 and state["history"]["epochs"] == [1, 2, 3]
+    assert not (tmp_path / "backup.new").exists() and not (tmp_path / "backup.old").exists()
+
+    # A state file this code does not know is not applied; Keras still resumes.
+    state["version"] = 99
+    (backup_dir / STATE_FILE).write_text(json.dumps(state))
+    with caplog.at_level("WARNING", logger="training.resume"):
+        backup = _tiny_fit(backup_dir, epochs=4)
+    assert "version 99" in caplog.text and backup.restored is None
+    assert backup.epochs == [3]  # only the epoch it ran: the history was not restored
+    assert not backup_dir.exists()
+
+
+def test_a_run_killed_after_early_stopping_ended_it_trains_no_further_epoch(tmp_path):
+    backup_dir = tmp_path / "backup"
+    stop = {"patience": 1, "min_delta": 100.0}  # nothing improves: stops at epoch 2
+    with pytest.raises(RuntimeError, match="crash"):
+        _tiny_fit(backup_dir, epochs=6, crash_on_stop=True, **stop)
+    state = json.loads((backup_dir / STATE_FILE).read_text())
+    assert state["stop_training"] is True and state["epochs_completed"] == 2
+    ran: list[int] = []
+    backup = _tiny_fit(backup_dir, epochs=6, ran=ran, **stop)
+    assert ran == [] and backup.epochs == [0, 1]
+    assert backup.early_stopping.stopped_epoch == 1
+    assert not backup_dir.exists()
