@@ -31,6 +31,7 @@ import os
 import platform
 import shutil
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -149,8 +150,13 @@ def _history_summary(epochs: list[int], metrics: dict[str, list[float]],
     }
 
 
-def train(cfg: RunConfig, staged: StagedDataset, **resolve_kwargs: Any) -> TrainResult:
-    """Fit the configured model on a staged dataset; write the outputs (chief only)."""
+def train(cfg: RunConfig, staged: StagedDataset, *, extra_callbacks: Sequence[Any] = (),
+          **resolve_kwargs: Any) -> TrainResult:
+    """Fit the configured model on a staged dataset; write the outputs (chief only).
+
+    ``extra_callbacks`` run after the project's own (the launcher's weights report, the
+    benchmarks' timers).
+    """
     import keras
 
     from training import resume
@@ -195,7 +201,7 @@ def train(cfg: RunConfig, staged: StagedDataset, **resolve_kwargs: Any) -> Train
             steps_per_execution=cfg.fit.steps_per_execution,
             jit_compile=cfg.runtime.jit_compile,
         )
-    callbacks = make_callbacks(cfg.fit, run_dir)
+    callbacks = [*make_callbacks(cfg.fit, run_dir), *extra_callbacks]
     backup = next(c for c in callbacks if isinstance(c, resume.ResumableBackup))
     log.info("training %s on %s for up to %d epochs", cfg.model.name, staged.key,
              cfg.fit.epochs)

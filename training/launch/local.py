@@ -39,7 +39,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -363,19 +363,6 @@ def _weights_report(report_dir: str | None) -> Any:
     return WeightsReport()
 
 
-@contextlib.contextmanager
-def _extra_callback(callback: Any) -> Iterator[None]:
-    """Append ``callback`` (last: after EarlyStopping restored the best weights)."""
-    from training import fit
-
-    make_callbacks = fit.make_callbacks
-    fit.make_callbacks = lambda *a, **k: [*make_callbacks(*a, **k), callback]
-    try:
-        yield
-    finally:
-        fit.make_callbacks = make_callbacks
-
-
 def worker_main(args: argparse.Namespace) -> int:
     """One worker: apply the Keras compat layer, then ``fit.train`` (TF_CONFIG is set)."""
     from training import compat, fit
@@ -389,8 +376,7 @@ def worker_main(args: argparse.Namespace) -> int:
     # strategy is in multi-worker mode, so installing them first is safe (and
     # compat.apply(strategy) inside fit.train, when present, is then a no-op).
     compat.enable()
-    with _extra_callback(_weights_report(args.report_dir)):
-        result = fit.train(cfg, staged)
+    result = fit.train(cfg, staged, extra_callbacks=[_weights_report(args.report_dir)])
     print(json.dumps({"trained": result.to_dict()}), flush=True)
     return 0
 
