@@ -169,3 +169,20 @@ def test_the_policy_is_registered_with_airflow():
     names = [type(p).__name__ if not hasattr(p, "__name__") else p.__name__
              for p in manager.get_plugins()]
     assert "training_airflow.policies" in names
+
+
+def test_loading_the_plugins_folder_shadows_no_package():
+    """Airflow imports every .py file under plugins/ as a top-level module; the glue
+    package is ignored there (plugins/.airflowignore), else its kubernetes.py would
+    replace the kubernetes client for every Airflow component."""
+    code = ("from airflow import plugins_manager\n"
+            "plugins_manager.ensure_plugins_loaded()\n"
+            "import kubernetes\n"
+            "print(kubernetes.__file__)\n"
+            "print(sorted(p.name for p in plugins_manager._get_plugins()[0]))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=os.environ, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    kubernetes_file, plugins = proc.stdout.strip().splitlines()[-2:]
+    assert "site-packages" in kubernetes_file
+    assert "models" in plugins.lower()
