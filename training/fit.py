@@ -25,6 +25,7 @@ is removed.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -150,6 +151,15 @@ def _history_summary(epochs: list[int], metrics: dict[str, list[float]],
     }
 
 
+def _started_at(run_json: Path) -> str:
+    """When this run first started: kept across retries, so a resumed run's published
+    ``run.json`` and version ``created`` time are those of its first try."""
+    if run_json.is_file():
+        with contextlib.suppress(ValueError, KeyError):
+            return json.loads(run_json.read_text())["started_at"]
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
 def train(cfg: RunConfig, staged: StagedDataset, *, extra_callbacks: Sequence[Any] = (),
           **resolve_kwargs: Any) -> TrainResult:
     """Fit the configured model on a staged dataset; write the outputs (chief only).
@@ -176,7 +186,7 @@ def train(cfg: RunConfig, staged: StagedDataset, *, extra_callbacks: Sequence[An
     cfg.write(out)
     (out / "run.json").write_text(json.dumps({
         "run_id": cfg.run_id,
-        "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "started_at": _started_at(out / "run.json"),
         "dataset": staged.to_dict(),
         "strategy": resolved.to_dict(),
         "software": software_versions(),
@@ -222,6 +232,7 @@ def train(cfg: RunConfig, staged: StagedDataset, *, extra_callbacks: Sequence[An
     if saved_model_path.exists():
         shutil.rmtree(saved_model_path)  # a retry replaces a half-written export
     model.export(os.fspath(saved_model_path), format="tf_saved_model", verbose=False)
+    shutil.rmtree(run_dir / "backup", ignore_errors=True)  # the model is saved: done
     if not resolved.is_chief:
         shutil.rmtree(run_dir, ignore_errors=True)
         run_dir = final_dir

@@ -22,6 +22,7 @@ from typing import Any
 from training import datasets
 from training.config import RunConfig
 from training.datasets import StagedDataset
+from training.errors import RegistryError
 from training.evaluate import evaluate_model
 from training.fit import model_dir
 from training.promotion import PromotionPolicy, decide
@@ -59,13 +60,21 @@ def evaluate(cfg: RunConfig, staged: StagedDataset, registry: ModelRegistry) -> 
     """
     out = model_dir(cfg.run_dir())
     name = cfg.model_name
-    challenger = evaluate_model(_load(out / "model.keras"), _test_split(staged, cfg.fit.seed))
+    published = published_evaluation(cfg, registry)
+    if published is not None:
+        # A re-run after publish: the version is immutable and its decision stands.
+        log.info("%s %s is already published; its evaluation stands", name, cfg.run_id)
+        (out / EVALUATION).write_text(json.dumps(published, indent=2) + "\n")
+        return published
+    datasets.verify(staged)
+    test = _test_split(staged, cfg.fit.seed)
+    challenger = evaluate_model(_load(out / "model.keras"), test)
     champion_version = registry.production(name)
     champion = None
     if champion_version is not None:
         with tempfile.TemporaryDirectory(prefix="champion-") as tmp:
             model = registry.load_model(name, champion_version, tmp)
-            metrics = evaluate_model(model, _test_split(staged, cfg.fit.seed))
+            metrics = evaluate_model(model, test)
         champion = {"version": champion_version, "accuracy": metrics["accuracy"],
                     "loss": metrics["loss"]}
     policy = PromotionPolicy(min_accuracy=cfg.promotion.min_accuracy,
@@ -100,6 +109,16 @@ def read_evaluation(cfg: RunConfig) -> dict[str, Any]:
     return json.loads((model_dir(cfg.run_dir()) / EVALUATION).read_text())
 
 
+def published_evaluation(cfg: RunConfig, registry: ModelRegistry) -> dict[str, Any] | None:
+    """The evaluation published with this run's version, or None before publish."""
+    try:
+        registry.show(cfg.model_name, cfg.run_id)
+    except RegistryError:
+        return None
+    key = f"models/{cfg.model_name}/versions/{cfg.run_id}/{EVALUATION}"
+    return json.loads(registry.store.get_bytes(key))
+
+
 def publish(cfg: RunConfig, registry: ModelRegistry, *, created: str) -> dict[str, Any]:
     """Upload the run's model directory as version ``cfg.run_id``; return a small summary.
 
@@ -124,7 +143,11 @@ def promote(cfg: RunConfig, registry: ModelRegistry, *, at: str) -> dict[str, An
     Returns ``{"promoted": bool, "reasons": [...], ...}``; the pointer only moves if
     production is still the champion the decision was made against.
     """
-    evaluation = read_evaluation(cfg)
+    # The decision published with the version, not a local file that may have changed.
+    evaluation = published_evaluation(cfg, registry)
+    if evaluation is None:
+        raise RegistryError(f"model {cfg.model_name!r} version {cfg.run_id!r} is not "
+                            "published: publish it before promoting")
     decision = evaluation["decision"]
     result = {"model_name": cfg.model_name, "version": cfg.run_id,
               "promoted": False, "forced": decision["forced"], "reasons": decision["reasons"]}

@@ -150,7 +150,9 @@ class ResumableBackup(keras.callbacks.BackupAndRestore):
         reduce_lr: keras.callbacks.ReduceLROnPlateau,
         checkpoint: keras.callbacks.ModelCheckpoint,
     ) -> None:
-        super().__init__(backup_dir=os.fspath(backup_dir))
+        # Kept until the caller has saved the model (fit.train removes it then): a crash
+        # while saving must not lose the finished training.
+        super().__init__(backup_dir=os.fspath(backup_dir), delete_checkpoint=False)
         self.early_stopping = early_stopping
         self.reduce_lr = reduce_lr
         self.checkpoint = checkpoint
@@ -405,7 +407,7 @@ class ResumableBackup(keras.callbacks.BackupAndRestore):
             self._stop(0)
 
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
-        super().on_train_end(logs)  # removes the backup (delete_checkpoint)
+        super().on_train_end(logs)
         for leftover in (self._sibling(".new"), self._sibling(".old")):
             shutil.rmtree(leftover, ignore_errors=True)
 

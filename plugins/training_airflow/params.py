@@ -20,6 +20,7 @@ task runs:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -80,8 +81,11 @@ def aws_conn_id(env: Mapping[str, str] = os.environ) -> str:
 
 def run_id_for(airflow_run_id: str) -> str:
     """A registry-safe version id derived from the Airflow run id (stable across retries)."""
-    cleaned = re.sub(r"[^A-Za-z0-9._-]+", "-", airflow_run_id).strip("-.")
-    return cleaned[:128] or "run"
+    cleaned = re.sub(r"[^A-Za-z0-9._-]+", "-", airflow_run_id).strip("-.") or "run"
+    if len(cleaned) > 128:  # keep two long ids apart: cut, then a hash of the original
+        digest = hashlib.sha256(airflow_run_id.encode()).hexdigest()[:8]
+        cleaned = f"{cleaned[:119]}-{digest}"
+    return cleaned
 
 
 def config_for_run(params: Mapping[str, Any], airflow_run_id: str,

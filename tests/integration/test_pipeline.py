@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from training import pipeline
+from training.errors import RegistryError
 from training.fit import model_dir
 
 pytestmark = pytest.mark.slow
@@ -48,14 +49,25 @@ def test_first_model_is_promoted_and_a_worse_or_equal_one_is_kept_out_with_reaso
     assert outcome["promoted"] is False and outcome["reasons"]
     assert registry.production(cfg.model_name) == cfg.run_id
 
-    # Forced: promoted, and recorded as forced.
-    forced = second.with_overrides({"force_promote": True})
+    # Published: re-evaluating (a retried task) keeps the published decision, even when
+    # the settings would now decide otherwise; promote reads the published decision.
+    again = second.with_overrides({"run_id": "second", "min_improvement": -1.0})
+    assert pipeline.evaluate(again, staged_digits, registry)["decision"] == evaluation[
+        "decision"]
+    assert pipeline.promote(again, registry, at=AT)["promoted"] is False
+
+    # Forced, as a new run: promoted, and recorded as forced.
+    forced = second.with_overrides({"run_id": "third", "force_promote": True})
+    shutil.copytree(result.run_dir, forced.run_dir())
     pipeline.evaluate(forced, staged_digits, registry)
+    with pytest.raises(RegistryError, match="is not published"):
+        pipeline.promote(forced, registry, at=AT)
+    pipeline.publish(forced, registry, created=AT)
     assert pipeline.promote(forced, registry, at=AT)["forced"] is True
-    assert registry.production(cfg.model_name) == "second"
+    assert registry.production(cfg.model_name) == "third"
     assert registry.history(cfg.model_name)[-1]["forced"] is True
-    assert {e["path"] for e in registry.show(cfg.model_name, "second")["files"]} >= {
-        "model.keras", "evaluation.json", "config.json", "saved_model/saved_model.pb"}
-    assert not any(p.startswith("checkpoints") for p in
-                   (e["path"] for e in registry.show(cfg.model_name, "second")["files"]))
+    files = {e["path"] for e in registry.show(cfg.model_name, "third")["files"]}
+    assert files >= {"model.keras", "evaluation.json", "config.json",
+                     "saved_model/saved_model.pb", "report/index.html"}
+    assert not any(p.startswith("checkpoints") for p in files)
     assert Path(result.run_dir).exists()
