@@ -208,8 +208,14 @@ class FitConfig(_Section):
     min_lr: float = _field(
         1e-6, "Lower bound of the learning rate.", key="min_lr", minimum=0.0, maximum=1.0,
     )
+    backup_interval_s: float = _field(
+        30.0, "Seconds between two end-of-epoch backups for resuming (0: every epoch); "
+        "a SIGTERM always writes one.", key="backup_interval_s", minimum=0.0,
+        maximum=86_400.0,
+    )
     steps_per_execution: int = _field(
-        1, "Batches run per tf.function call (Keras steps_per_execution).",
+        10, "Batches run per tf.function call (Keras steps_per_execution); 10 measured "
+        "1.3x faster than 1 on digits (bench/training_speed.py).",
         key="steps_per_execution", minimum=1, maximum=10_000,
     )
     seed: int = _field(

@@ -92,7 +92,8 @@ def make_callbacks(fit: FitConfig, run_dir: Path) -> list[Any]:
         checkpoint,
         keras.callbacks.CSVLogger(os.fspath(model_dir(run_dir) / "history.csv"), append=True),
         resume.ResumableBackup(run_dir / "backup", early_stopping=early_stopping,
-                               reduce_lr=reduce_lr, checkpoint=checkpoint),
+                               reduce_lr=reduce_lr, checkpoint=checkpoint,
+                               min_interval_s=fit.backup_interval_s),
     ]
 
 

@@ -85,6 +85,7 @@ import os
 import shutil
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -149,6 +150,7 @@ class ResumableBackup(keras.callbacks.BackupAndRestore):
         early_stopping: keras.callbacks.EarlyStopping,
         reduce_lr: keras.callbacks.ReduceLROnPlateau,
         checkpoint: keras.callbacks.ModelCheckpoint,
+        min_interval_s: float = 0.0,
     ) -> None:
         # Kept until the caller has saved the model (fit.train removes it then): a crash
         # while saving must not lose the finished training.
@@ -162,6 +164,10 @@ class ResumableBackup(keras.callbacks.BackupAndRestore):
         self.stop_signal: int | None = None
         self._epoch = 0  # index of the epoch in progress
         self._best_saved: Any = None  # the best_weights object best.weights.h5 holds
+        # Epoch-end backups at most this often (short epochs would spend more time
+        # backing up than training); a stop (SIGTERM, EarlyStopping) always writes one.
+        self.min_interval_s = min_interval_s
+        self._last_commit = time.monotonic()
 
     # --- paths -----------------------------------------------------------------------
     @property
@@ -401,7 +407,10 @@ class ResumableBackup(keras.callbacks.BackupAndRestore):
         self.epochs.append(epoch)
         for key, value in (logs or {}).items():
             self.metrics.setdefault(key, []).append(float(np.asarray(value)))
-        self._commit(epoch + 1)
+        stopping = self.stop_signal is not None or self.model.stop_training
+        if stopping or time.monotonic() - self._last_commit >= self.min_interval_s:
+            self._commit(epoch + 1)
+            self._last_commit = time.monotonic()
         if self.stop_signal is not None:
             self._epoch = epoch + 1
             self._stop(0)

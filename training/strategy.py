@@ -171,7 +171,7 @@ def resolve(
     elif kind == "mirrored":
         strategy = tf.distribute.MirroredStrategy(devices=devices)
     else:
-        strategy = tf.distribute.OneDeviceStrategy(devices[0])
+        strategy = _one_device(runtime, devices[0])
     replicas = strategy.num_replicas_in_sync
     resolved = Resolved(
         strategy=strategy,
@@ -189,6 +189,20 @@ def resolve(
         cfg.fit.batch_size, resolved.learning_rate, cfg.fit.lr_scaling, cfg.fit.learning_rate,
     )
     return resolved
+
+
+def _one_device(runtime: RuntimeConfig, device: str) -> Any:
+    """One replica: pinned to a device that was asked for, else TF's default strategy.
+
+    The default strategy runs on TF's default device (the first GPU, else the CPU), the
+    device OneDeviceStrategy would pick, without wrapping every step and iterator:
+    measured on digits/mlp, 0.047 s an epoch against 0.30 s (bench/training_speed.py).
+    """
+    import tensorflow as tf
+
+    if runtime.devices or runtime.num_gpus:
+        return tf.distribute.OneDeviceStrategy(device)
+    return tf.distribute.get_strategy()
 
 
 def precision_policy(requested: str, kind: str) -> str:

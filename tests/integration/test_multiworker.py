@@ -148,7 +148,7 @@ def test_sigterm_to_the_launcher_reaches_the_workers(tmp_path, fake_python):
 def _train_cfg(tmp_path: Path, staged, **flat) -> RunConfig:
     return RunConfig.from_flat({
         "staging_dir": staged.staging_dir, "output_dir": os.fspath(tmp_path / "runs"),
-        "workers": 2, "epochs": 3, "batch_size": 32, **flat,
+        "workers": 2, "epochs": 3, "batch_size": 32, "backup_interval_s": 0, **flat,
     })
 
 

@@ -34,7 +34,8 @@ def _cfg(staged, tmp_path: Path, name: str, **flat) -> tuple[RunConfig, Path]:
     """A one-device config whose run dir is ``tmp_path/name/resume``, and its file."""
     cfg = RunConfig.from_flat({"staging_dir": staged.staging_dir,
                                "output_dir": os.fspath(tmp_path / name), "run_id": "resume",
-                               "strategy": "one_device", **flat})
+                               "strategy": "one_device", "backup_interval_s": 0,
+                               **flat})
     directory = tmp_path / f"{name}-config"
     directory.mkdir()
     return cfg, cfg.write(directory)

@@ -67,9 +67,15 @@ def test_learning_rate_scaling(rule, expected):
 
 
 def test_resolve_one_device_on_cpu():
+    import tensorflow as tf
+
     resolved = st.resolve(RunConfig.from_flat({"batch_size": 32}))
     assert resolved.kind == "one_device"
+    assert resolved.strategy is tf.distribute.get_strategy()  # the default: no wrapping
     assert resolved.replicas == 1
+    pinned = st.resolve(RunConfig.from_flat({"devices": ["/cpu:1"]}))
+    assert type(pinned.strategy).__name__ == "OneDeviceStrategy"
+    assert pinned.devices == ["/cpu:1"]
     assert resolved.global_batch_size == 32
     assert resolved.is_chief
 
