@@ -232,15 +232,21 @@ class ResumableBackup(keras.callbacks.BackupAndRestore):
         if best is self._best_saved and previous.exists():
             shutil.copyfile(previous, target)
             return
-        # EarlyStopping took these in this epoch's on_epoch_end from the model, which
-        # nothing changed since (only callbacks ran): the model's weights are the best.
+        # The best weights are arrays (EarlyStopping copied them from the model at the
+        # best epoch); a Keras weights file is written from a model, so the model holds
+        # them while it is written. With backups less often than every epoch the best
+        # epoch may be an earlier one than this. Every worker does the same (no
+        # collective op: assigning mirrored variables in cross-replica context is local).
         now = self.model.get_weights()
-        if len(now) != len(best) or not all(np.array_equal(a, b)
-                                            for a, b in zip(now, best, strict=True)):
-            raise RuntimeError("EarlyStopping's best weights are not the model's weights at "
-                               "the end of the epoch that took them; a callback between "
-                               "EarlyStopping and ResumableBackup changed the weights")
-        self.model.save_weights(os.fspath(target))
+        same = len(now) == len(best) and all(np.array_equal(a, b)
+                                             for a, b in zip(now, best, strict=True))
+        if not same:
+            self.model.set_weights(best)
+        try:
+            self.model.save_weights(os.fspath(target))
+        finally:
+            if not same:
+                self.model.set_weights(now)
         self._best_saved = best
 
     def _commit(self, epochs_completed: int, mid_epoch: dict[str, Any] | None = None) -> None:
