@@ -141,10 +141,9 @@ def execute(args: argparse.Namespace) -> int:
         _check_models_args(args)
         return _models(args)
     cfg = load_config(args)
-    from training import datasets, pipeline  # heavy (tfds): after the config is valid
+    from training import pipeline  # heavy (tfds): after the config is valid
 
-    datasets.get_builder(cfg.dataset.name, cfg.dataset.version, cfg.dataset.staging_dir)
-    staged = _stage(cfg)
+    staged = _stage(cfg)  # resolves the dataset name before anything is written
     if args.command == "stage":
         return 0
     if args.command in ("train", "run"):

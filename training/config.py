@@ -370,7 +370,8 @@ def flat_fields() -> list[FieldSpec]:
     return specs
 
 
-def _property_schema(spec: FieldSpec) -> dict[str, Any]:
+def property_schema(spec: FieldSpec) -> dict[str, Any]:
+    """The JSON Schema of one field (also the trigger form's Param schema)."""
     prop: dict[str, Any] = {
         "type": [spec.type, "null"] if spec.nullable else spec.type,
         "default": spec.default,
@@ -392,14 +393,14 @@ def json_schema(flat: bool = False) -> dict[str, Any]:
         return {
             "type": "object",
             "additionalProperties": False,
-            "properties": {s.key: _property_schema(s) for s in specs},
+            "properties": {s.key: property_schema(s) for s in specs},
         }
     sections: dict[str, Any] = {}
     for s in specs:
         sec = sections.setdefault(
             s.section, {"type": "object", "additionalProperties": False, "properties": {}}
         )
-        sec["properties"][s.name] = _property_schema(s)
+        sec["properties"][s.name] = property_schema(s)
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "title": "RunConfig",

@@ -29,6 +29,7 @@ from typing import Any
 
 from training.config import DatasetConfig
 from training.errors import ConfigError, DatasetError
+from training.storage import sha256_file
 
 log = logging.getLogger(__name__)
 
@@ -112,19 +113,11 @@ def dataset_info(builder: Any) -> dict[str, Any]:
     return {"input_shape": shape, "num_classes": num_classes}
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _manifest_entries(root: Path) -> list[dict[str, Any]]:
     entries = []
     for path in sorted(p for p in root.rglob("*") if p.is_file() and p.name != MANIFEST):
         rel = path.relative_to(root).as_posix()
-        entries.append({"path": rel, "size": path.stat().st_size, "sha256": _sha256(path)})
+        entries.append({"path": rel, "size": path.stat().st_size, "sha256": sha256_file(path)})
     return entries
 
 
@@ -186,7 +179,7 @@ def verify(staged: StagedDataset) -> None:
         path = root / entry["path"]
         if not path.is_file():
             raise DatasetError(f"staged file {path} is missing (dataset {staged.key})")
-        if path.stat().st_size != entry["size"] or _sha256(path) != entry["sha256"]:
+        if path.stat().st_size != entry["size"] or sha256_file(path) != entry["sha256"]:
             raise DatasetError(
                 f"staged file {path} is corrupted: its SHA-256 does not match the manifest "
                 f"(dataset {staged.key}); delete {root} and stage again"

@@ -1,14 +1,12 @@
 """Test-split metrics: loss, accuracy, per-class precision/recall/F1, confusion matrix.
 
-``evaluate_model`` returns a plain dict that is written as ``evaluation.json`` next to
-the model. The champion/challenger decision built on it lives in ``promotion.py``.
+``evaluate_model`` returns a plain dict; ``pipeline.evaluate`` writes it, with the
+champion/challenger decision (``promotion.py``), as ``evaluation.json`` next to the model.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -59,9 +57,3 @@ def evaluate_model(model: Any, dataset: Any) -> dict[str, Any]:
     log.info("test split: %d examples, loss %.4f, accuracy %.4f", metrics["examples"],
              metrics["loss"], metrics["accuracy"])
     return metrics
-
-
-def write_evaluation(run_dir: str | Path, evaluation: dict[str, Any]) -> Path:
-    path = Path(run_dir) / "evaluation.json"
-    path.write_text(json.dumps(evaluation, indent=2) + "\n")
-    return path

@@ -22,7 +22,6 @@ Names and versions must match ``NAME_PATTERN`` and must not contain ``..``.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -32,7 +31,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from training.errors import ConflictError, IntegrityError, RegistryError, StorageError
-from training.storage import Store
+from training.storage import Store, sha256_file
 
 __all__ = ["MANIFEST", "NAME_PATTERN", "ModelRegistry", "validate_name"]
 
@@ -40,7 +39,6 @@ NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 MANIFEST = "manifest.json"
 FORMAT = 1
 _NAME_RE = re.compile(NAME_PATTERN)
-_CHUNK = 1024 * 1024
 
 
 def validate_name(field: str, value: Any) -> str:
@@ -61,14 +59,6 @@ def _validate_time(field: str, value: Any) -> str:
             f"run's logical date, '2025-01-31T00:00:00+00:00'), got {value!r}"
         ) from None
     return value
-
-
-def _sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(_CHUNK):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _dump(obj: Any) -> bytes:
@@ -108,7 +98,7 @@ class ModelRegistry:
                     f"local_dir must not hold a top-level {MANIFEST} (the registry writes it), "
                     f"found {str(path)!r}"
                 )
-            files.append({"path": rel, "size": path.stat().st_size, "sha256": _sha256_file(path)})
+            files.append({"path": rel, "size": path.stat().st_size, "sha256": sha256_file(path)})
         if not files:
             raise RegistryError(f"local_dir holds no files to publish: {str(local_dir)!r}")
         return files
@@ -233,7 +223,7 @@ class ModelRegistry:
                     raise IntegrityError(f"{where} is corrupt: {exc}") from exc
                 except StorageError as exc:
                     raise IntegrityError(f"{where} cannot be read: {exc}") from exc
-                size, digest = copy.stat().st_size, _sha256_file(copy)
+                size, digest = copy.stat().st_size, sha256_file(copy)
                 if size != entry["size"] or digest != entry["sha256"]:
                     raise IntegrityError(
                         f"{where} is corrupt: manifest says {entry['size']} bytes, SHA-256 "
@@ -323,7 +313,7 @@ class ModelRegistry:
             target = dest.joinpath(*rel.parts)
             target.parent.mkdir(parents=True, exist_ok=True)
             self.store.get_file(prefix + entry["path"], target)
-            size, digest = target.stat().st_size, _sha256_file(target)
+            size, digest = target.stat().st_size, sha256_file(target)
             if size != entry["size"] or digest != entry["sha256"]:
                 target.unlink()
                 raise IntegrityError(

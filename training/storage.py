@@ -63,7 +63,8 @@ def _sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _sha256_file(path: str | os.PathLike[str]) -> str:
+def sha256_file(path: str | os.PathLike[str]) -> str:
+    """Hex SHA-256 of a file, read in chunks."""
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
         while block := handle.read(_CHUNK):
@@ -195,7 +196,7 @@ class FileStore(Store):
                     ) from None
             elif if_match is not None:
                 with self._key_lock(path):
-                    current = _sha256_file(path) if path.exists() else None
+                    current = sha256_file(path) if path.exists() else None
                     if current != if_match:
                         raise ConflictError(
                             f"conditional replace of {key!r} in {self.uri} lost: expected "
@@ -284,7 +285,7 @@ class FileStore(Store):
         path = self._path(key)
         try:
             size = path.stat().st_size
-            digest = _sha256_file(path)
+            digest = sha256_file(path)
         except FileNotFoundError:
             return None
         except OSError as exc:
@@ -569,7 +570,7 @@ class S3Store(Store):
                 os.fspath(local_path),
                 self.bucket,
                 self._key(key),
-                ExtraArgs=self._write_args(_sha256_file(local_path)),
+                ExtraArgs=self._write_args(sha256_file(local_path)),
                 Config=self._transfer,
             )
         except (client_error, *other_errors) as exc:

@@ -30,7 +30,7 @@ from typing import Any
 
 from airflow.sdk import Param
 
-from training.config import FieldSpec, RunConfig, flat_fields
+from training.config import FieldSpec, RunConfig, flat_fields, property_schema
 from training.errors import ConfigError
 
 SECTION_TITLES = {
@@ -49,15 +49,10 @@ def form_fields() -> list[FieldSpec]:
 
 
 def _param(spec: FieldSpec) -> Param:
-    schema: dict[str, Any] = {"type": ["null", spec.type] if spec.nullable else spec.type}
-    if spec.type == "array":
-        schema["items"] = {"type": "string"}
-    rules = dict(spec.rules)
-    if "exclusive_minimum" in rules:
-        schema["exclusiveMinimum"] = rules.pop("exclusive_minimum")
-    schema.update(rules)
-    return Param(spec.default, title=spec.key.replace("_", " ").capitalize(),
-                 description=spec.description, section=SECTION_TITLES[spec.section], **schema)
+    schema = property_schema(spec)
+    default, description = schema.pop("default"), schema.pop("description")
+    return Param(default, title=spec.key.replace("_", " ").capitalize(),
+                 description=description, section=SECTION_TITLES[spec.section], **schema)
 
 
 def dag_params() -> dict[str, Param]:
