@@ -214,9 +214,10 @@ class FitConfig(_Section):
         maximum=86_400.0,
     )
     steps_per_execution: int = _field(
-        1, "Batches run per tf.function call (Keras steps_per_execution); 10 measured "
-        "1.3x faster on one device, but fails under MirroredStrategy in Keras 3.15.",
-        key="steps_per_execution", minimum=1, maximum=10_000,
+        0, "Batches run per tf.function call (Keras steps_per_execution); 0 is auto: 10 "
+        "on one device (1.7x the throughput of 1 on digits), 1 under MirroredStrategy, "
+        "multi-worker and TPU (10 fails under MirroredStrategy in Keras 3.15).",
+        key="steps_per_execution", minimum=0, maximum=10_000,
     )
     seed: int = _field(
         42, "Seed for weights, shuffling and the digits splits.", key="seed",

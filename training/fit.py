@@ -41,7 +41,7 @@ from typing import Any
 from training import compat, datasets, models
 from training.config import FitConfig, RunConfig
 from training.datasets import StagedDataset
-from training.strategy import precision_policy, resolve
+from training.strategy import precision_policy, resolve, steps_per_execution
 
 log = logging.getLogger(__name__)
 
@@ -209,7 +209,8 @@ def train(cfg: RunConfig, staged: StagedDataset, *, extra_callbacks: Sequence[An
             optimizer=keras.optimizers.Adam(learning_rate=resolved.learning_rate),
             loss="sparse_categorical_crossentropy",
             metrics=["accuracy"],
-            steps_per_execution=cfg.fit.steps_per_execution,
+            steps_per_execution=steps_per_execution(cfg.fit.steps_per_execution,
+                                                    resolved.kind),
             jit_compile=cfg.runtime.jit_compile,
         )
     callbacks = [*make_callbacks(cfg.fit, run_dir), *extra_callbacks]

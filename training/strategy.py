@@ -205,6 +205,14 @@ def _one_device(runtime: RuntimeConfig, device: str) -> Any:
     return tf.distribute.get_strategy()
 
 
+def steps_per_execution(requested: int, kind: str) -> int:
+    """Keras steps_per_execution: as asked, or for ``0`` (auto) 10 on one device and 1
+    elsewhere (10 fails under MirroredStrategy with Keras 3.15 / TF 2.21)."""
+    if requested:
+        return requested
+    return 10 if kind == "one_device" else 1
+
+
 def precision_policy(requested: str, kind: str) -> str:
     """The Keras dtype policy: as asked, or for ``auto`` bfloat16 on TPU, else float32."""
     if requested != "auto":

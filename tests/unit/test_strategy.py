@@ -167,3 +167,11 @@ print("DEVICES", [d.name for d in tf.config.list_logical_devices()])
     assert "ERROR runtime.tpu 'v5e-8' answered at grpc://localhost:" in out
     assert "could not be initialised: AssertionError" in out
     assert "/job:worker/replica:0/task:0/device:CPU:0" in out  # really connected
+
+
+@pytest.mark.parametrize(("requested", "kind", "expected"), [
+    (0, "one_device", 10), (0, "mirrored", 1), (0, "multi_worker", 1), (0, "tpu", 1),
+    (4, "mirrored", 4), (1, "one_device", 1),
+])
+def test_steps_per_execution_auto(requested, kind, expected):
+    assert st.steps_per_execution(requested, kind) == expected
