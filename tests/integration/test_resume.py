@@ -169,7 +169,9 @@ def test_a_killed_run_resumes_after_its_last_epoch_with_the_callbacks_where_they
 def test_sigterm_inside_an_epoch_writes_a_backup_exits_143_and_a_rerun_completes(
     staged_digits, tmp_path
 ):
-    cfg, config = _cfg(staged_digits, tmp_path, "term", epochs=2, batch_size=32)
+    # Small batches, one per call: epoch 2 lasts long enough to be interrupted inside.
+    cfg, config = _cfg(staged_digits, tmp_path, "term", epochs=2, batch_size=8,
+                       steps_per_execution=1)
     backup = cfg.run_dir() / "backup"
     files = (WEIGHTS_FILE, METADATA_FILE, STATE_FILE)
     sent: dict[str, float] = {}
