@@ -14,7 +14,7 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from training.config import SECTIONS, FieldSpec, RunConfig, flat_fields, json_schema
@@ -200,16 +200,23 @@ def _models(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def run_command(command: Callable[[], int]) -> int:
+    """Run a command line's work: logging to stderr, and a project error as one
+    ``error:`` line with exit status 2 (bad configuration) or 1 (anything else).
+    Every ``python -m training...`` entry point goes through here."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    args = build_parser().parse_args(argv)
     try:
-        return execute(args)
+        return command()
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except TrainingError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return run_command(lambda: execute(args))

@@ -94,6 +94,7 @@ import keras
 import numpy as np
 
 from training import compat
+from training.storage import fsync_path
 
 log = logging.getLogger(__name__)
 
@@ -125,14 +126,6 @@ class Preempted(SystemExit):
 
 def _float(value: Any) -> float | None:
     return None if value is None else float(np.asarray(value))
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class ResumableBackup(keras.callbacks.BackupAndRestore):
@@ -262,13 +255,13 @@ class ResumableBackup(keras.callbacks.BackupAndRestore):
         (new / STATE_FILE).write_text(
             json.dumps(self._state(epochs_completed, mid_epoch), indent=1) + "\n")
         for child in new.iterdir():
-            _fsync(child)
-        _fsync(new)
+            fsync_path(child)
+        fsync_path(new)
         if self.path.exists():
             shutil.rmtree(old, ignore_errors=True)
             self.path.rename(old)
         new.rename(self.path)
-        _fsync(self.path.parent)
+        fsync_path(self.path.parent)
         shutil.rmtree(old, ignore_errors=True)
 
     def _recover(self) -> None:

@@ -72,6 +72,15 @@ def sha256_file(path: str | os.PathLike[str]) -> str:
     return digest.hexdigest()
 
 
+def fsync_path(path: str | os.PathLike[str]) -> None:
+    """Flush a file's or a directory's entry to disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def check_key(key: str) -> str:
     """Return ``key`` if it is a safe relative key, else raise StorageError."""
     if not isinstance(key, str) or not key:
@@ -167,11 +176,7 @@ class FileStore(Store):
 
     @staticmethod
     def _fsync_dir(directory: Path) -> None:
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync_path(directory)
 
     @contextlib.contextmanager
     def _key_lock(self, path: Path):

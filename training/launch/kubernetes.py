@@ -39,7 +39,7 @@ from typing import Any
 
 from training import __version__
 from training.config import RunConfig
-from training.errors import ConfigError, TrainingError
+from training.errors import ConfigError
 
 APP_NAME = "airflow-keras-training"
 IMAGE_REPOSITORY = "ghcr.io/example/airflow-keras-training"
@@ -632,19 +632,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from training.cli import run_command
+
     args = build_parser().parse_args(argv)
-    try:
+
+    def command() -> int:
         if args.command == "tf-config":
             print(tf_config_from_env() or "")
         elif args.command == "exec":
-            command = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
-            _exec(command)
+            _exec(args.argv[1:] if args.argv[:1] == ["--"] else args.argv)
         else:
             print(_render_command(args), end="")
-    except TrainingError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    return 0
+        return 0
+
+    return run_command(command)
 
 
 if __name__ == "__main__":

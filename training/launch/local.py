@@ -398,11 +398,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from training.cli import run_command
+
     args = build_parser().parse_args(argv)
-    try:
+
+    def command() -> int:
         if args.command == "worker":
             return worker_main(args)
         cfg = RunConfig.from_file(args.config)
@@ -410,12 +410,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                      report_dir=args.report_dir)
         print(json.dumps({"launch": result.to_dict()}))
         return result.returncode
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except TrainingError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+
+    return run_command(command)
 
 
 if __name__ == "__main__":
