@@ -14,6 +14,8 @@ version and, if it wins, promotes it.
   `evaluate` task's log and XCom and in `evaluation.json` of the published version.
 * Assets: `training_staged_dataset` after staging, `training_production_model` after a
   promotion (schedule another DAG on it).
+* `evaluate`, `publish` and `promote` link to their model version on the Models page
+  (the task's "Model version" extra link).
 
 Logic lives in the `training` library and `training_airflow` glue; this file only declares.
 """
@@ -28,6 +30,7 @@ from airflow.sdk import DAG, Asset, task
 
 from training_airflow.operators import TrainOperator
 from training_airflow.params import dag_params
+from training_airflow.tasks import EvaluateOperator, PromoteOperator, PublishOperator
 
 SCHEDULE = os.environ.get("TRAINING_SCHEDULE", "0 3 * * *") or None
 STAGED_DATASET = Asset(name="training_staged_dataset", uri="x-training://datasets/staged")
@@ -61,50 +64,10 @@ with DAG(
         outlet_events[STAGED_DATASET].extra = staged
         return staged
 
-    train = TrainOperator(task_id="train", execution_timeout=timedelta(hours=12))
-
-    @task(multiple_outputs=False)
-    def evaluate(staged: dict, trained: dict, params=None, run_id=None) -> dict:
-        from training import pipeline
-        from training.datasets import StagedDataset
-        from training_airflow.params import aws_conn_id, config_for_run
-        from training_airflow.store import open_registry
-
-        cfg = config_for_run(params, run_id)
-        evaluation = pipeline.evaluate(cfg, StagedDataset.from_dict(staged),
-                                       open_registry(cfg, aws_conn_id()))
-        return {"version": evaluation["version"], "decision": evaluation["decision"],
-                "accuracy": evaluation["challenger"]["accuracy"],
-                "champion": evaluation["champion"], "run_dir": trained["run_dir"]}
-
-    @task(multiple_outputs=False)
-    def publish(evaluation: dict, params=None, run_id=None, dag_run=None) -> dict:
-        from training import pipeline
-        from training_airflow.params import aws_conn_id, config_for_run
-        from training_airflow.store import open_registry
-
-        cfg = config_for_run(params, run_id)
-        registry = open_registry(cfg, aws_conn_id())
-        return pipeline.publish(cfg, registry, created=dag_run.run_after.isoformat())
-
-    @task(outlets=[PRODUCTION_MODEL], execution_timeout=timedelta(minutes=10),
-          multiple_outputs=False)
-    def promote(published: dict, params=None, run_id=None, dag_run=None,
-                outlet_events=None) -> dict:
-        from airflow.sdk.exceptions import AirflowSkipException
-
-        from training import pipeline
-        from training_airflow.params import aws_conn_id, config_for_run
-        from training_airflow.store import open_registry
-
-        cfg = config_for_run(params, run_id)
-        registry = open_registry(cfg, aws_conn_id())
-        result = pipeline.promote(cfg, registry, at=dag_run.run_after.isoformat())
-        if not result["promoted"]:
-            raise AirflowSkipException("not promoted: " + "; ".join(result["reasons"]))
-        outlet_events[PRODUCTION_MODEL].extra = {**published, "forced": result["forced"]}
-        return result
-
     staged = stage_dataset()
-    staged >> train
-    promote(publish(evaluate(staged, train.output)))
+    trained = TrainOperator(task_id="train", execution_timeout=timedelta(hours=12)).output
+    staged >> trained
+    evaluation = EvaluateOperator(task_id="evaluate", staged=staged, trained=trained).output
+    published = PublishOperator(task_id="publish", evaluation=evaluation).output
+    PromoteOperator(task_id="promote", published=published, outlets=[PRODUCTION_MODEL],
+                    execution_timeout=timedelta(minutes=10))

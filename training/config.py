@@ -15,6 +15,7 @@ a new validated config (``RunConfig.from_dict`` / ``with_overrides``).
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import hashlib
 import json
 import math
@@ -29,14 +30,18 @@ from training.models import MODELS
 
 # The registry's name rule (training/registry.py), as a JSON-Schema-safe pattern.
 _NAME_PATTERN = r"^(?!.*\.\.)[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
-_DEVICE_PATTERN = r"(/job:\w+(/replica:\d+)?(/task:\d+)?)?/?(device:)?(CPU|GPU|TPU|cpu|gpu|tpu):\d+"
+_NAME_WORDS = ("1 to 128 letters, digits, '.', '_' or '-', starting with a letter or digit, "
+               "without '..'")
+DEVICE_PATTERN = r"(/job:\w+(/replica:\d+)?(/task:\d+)?)?/?(device:)?(CPU|GPU|TPU|cpu|gpu|tpu):\d+"
 
 
 def _field(default: Any, description: str, *, key: str | None = None,
            deployment: bool = False, **rules: Any) -> Any:
     """A config field with its schema in the metadata.
 
-    rules: minimum, maximum (inclusive), exclusive_minimum, enum, pattern, nullable.
+    rules: minimum, maximum (inclusive), exclusive_minimum, enum, nullable, and
+    pattern with ``says``: the regular expression and the words that tell a person
+    what it allows (errors and the trigger form show the words, never the pattern).
     deployment: set by whoever deploys the pipeline (paths, the store), never by the
     Airflow trigger form.
     """
@@ -57,8 +62,8 @@ def _describe_allowed(meta: Mapping[str, Any], kind: type) -> str:
         return f"between {lo} and {hi}"
     if lo is not None:
         return f"at least {lo}"
-    if "pattern" in meta:
-        return f"a string matching {meta['pattern']}"
+    if "says" in meta:
+        return meta["says"]
     return f"a {kind.__name__}"
 
 
@@ -128,6 +133,8 @@ class DatasetConfig(_Section):
         "image-classification dataset such as mnist, fashion_mnist or cifar10.",
         key="dataset",
         pattern=r"^[a-z][a-z0-9_]*(/[a-z0-9_]+)?$",
+        says="a dataset name: lower-case letters, digits and '_', starting with a letter, "
+             "with an optional '/config' (e.g. mnist, cifar10)",
     )
     version: str | None = _field(
         None,
@@ -135,6 +142,7 @@ class DatasetConfig(_Section):
         key="dataset_version",
         nullable=True,
         pattern=r"^\d+\.\d+\.\d+$",
+        says="a version of three numbers, like 3.0.1",
     )
     staging_dir: str = _field(
         "var/datasets", "Directory where datasets are prepared and cached.",
@@ -268,7 +276,7 @@ class RuntimeConfig(_Section):
 
     def _check_section(self) -> None:
         for device in self.devices:
-            if not re.fullmatch(_DEVICE_PATTERN, device):
+            if not re.fullmatch(DEVICE_PATTERN, device):
                 raise ConfigError(
                     f"runtime.devices must hold device names like /gpu:0 or /cpu:0, "
                     f"got {device!r}"
@@ -304,16 +312,18 @@ class StorageConfig(_Section):
     run_id: str = _field(
         "", "Run identifier; empty derives it from the configuration, so a retry "
         "reuses the same directory.", key="run_id", deployment=True,
-        pattern=r"^$|" + _NAME_PATTERN,
+        pattern=r"^$|" + _NAME_PATTERN, says=f"empty, or a run id of {_NAME_WORDS}",
     )
     store_uri: str = _field(
         "var/store", "Object store for published models: s3://bucket/prefix, "
         "file:///path or a local path.", key="store_uri", deployment=True,
         pattern=r"^(s3://[a-z0-9.-]{3,63}(/.*)?|file://.+|[^:]+)$",
+        says="s3://bucket/prefix, file:///path or a local path",
     )
     model_name: str = _field(
         "", "Registry name of the model; empty uses '<dataset>-<model>'.",
         key="model_name", pattern=r"^$|" + _NAME_PATTERN,
+        says=f"empty, or a registry name of {_NAME_WORDS}",
     )
 
 
@@ -340,6 +350,12 @@ class FieldSpec:
     nullable: bool
     deployment: bool
     rules: dict[str, Any]
+    says: str | None = None  # the pattern's rule in words
+
+    @property
+    def optional(self) -> bool:
+        """Empty by default: the field may be left out (empty or null means not set)."""
+        return self.default in ("", None, [])
 
     @property
     def path(self) -> str:
@@ -364,7 +380,7 @@ def flat_fields() -> list[FieldSpec]:
                 section=section, name=f.name, key=meta["key"] or f.name,
                 type="array" if is_list else json_type[kind], default=default,
                 description=meta["description"], nullable=bool(meta.get("nullable")),
-                deployment=meta["deployment"], rules=rules,
+                deployment=meta["deployment"], rules=rules, says=meta.get("says"),
             ))
     keys = [s.key for s in specs]
     assert len(keys) == len(set(keys)), f"duplicate config keys: {keys}"
@@ -473,8 +489,10 @@ class RunConfig:
         data = self.to_dict()
         for key, value in values.items():
             if key not in by_key:
+                close = difflib.get_close_matches(str(key), by_key, n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
                 raise ConfigError(
-                    f"unknown config key {key!r}; allowed: {', '.join(sorted(by_key))}"
+                    f"unknown config key {key!r}{hint}; allowed: {', '.join(sorted(by_key))}"
                 )
             spec = by_key[key]
             data[spec.section][spec.name] = value

@@ -119,16 +119,19 @@ def published_evaluation(cfg: RunConfig, registry: ModelRegistry) -> dict[str, A
     return json.loads(registry.store.get_bytes(key))
 
 
-def publish(cfg: RunConfig, registry: ModelRegistry, *, created: str) -> dict[str, Any]:
+def publish(cfg: RunConfig, registry: ModelRegistry, *, created: str,
+            source: dict[str, str] | None = None) -> dict[str, Any]:
     """Upload the run's model directory as version ``cfg.run_id``; return a small summary.
 
     ``created`` comes from the caller (the Airflow run's date, or the time training
     started), never the clock at upload, so a retry writes the same manifest.
+    ``source`` names what produced the version (the Airflow DAG run and its URL).
     """
     evaluation = read_evaluation(cfg)
     metrics = {k: evaluation["challenger"][k] for k in ("accuracy", "loss", "macro_f1")}
     manifest = registry.publish(cfg.model_name, cfg.run_id, model_dir(cfg.run_dir()),
-                                run_id=cfg.run_id, created=created, metrics=metrics)
+                                run_id=cfg.run_id, created=created, metrics=metrics,
+                                source=source)
     summary = {"model_name": cfg.model_name, "version": cfg.run_id,
                "store_uri": cfg.storage.store_uri, "files": len(manifest["files"]),
                "metrics": manifest["metrics"]}

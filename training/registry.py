@@ -26,7 +26,7 @@ import json
 import os
 import re
 import tempfile
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -112,12 +112,14 @@ class ModelRegistry:
         run_id: str,
         created: str,
         metrics: dict[str, Any] | None = None,
+        source: dict[str, str] | None = None,
     ) -> dict[str, Any]:
         """Upload ``local_dir`` as version ``version`` of model ``name``; return the manifest.
 
         ``created`` is an ISO 8601 time from the caller (never the clock, so a retry
-        writes the same manifest). Idempotent for identical files; RegistryError for
-        different files under an existing version.
+        writes the same manifest). ``source`` says what produced the version (for the
+        Airflow DAG: ``dag_id``, ``run_id`` and the run's ``url``). Idempotent for
+        identical files; RegistryError for different files under an existing version.
         """
         validate_name("model name", name)
         validate_name("version", version)
@@ -156,6 +158,7 @@ class ModelRegistry:
             "run_id": run_id,
             "created": created,
             "metrics": metrics or {},
+            "source": dict(source or {}),
             "files": files,
         }
         try:
@@ -241,28 +244,33 @@ class ModelRegistry:
         return sorted(names)
 
     def list_versions(self, name: str) -> list[dict[str, Any]]:
-        """Complete versions of ``name``, newest ``created`` first, with their metrics."""
+        """Complete versions of ``name``, most recently published first, with their metrics.
+
+        ``published`` is when the version's manifest (written last) was stored, as the
+        store reports it (ISO 8601, UTC); ``created`` is the time of the run.
+        """
         validate_name("model name", name)
         base = f"models/{name}/versions/"
-        versions = []
+        found = []  # (when published, when created, version entry)
         for key in self.store.list(base):
             parts = key[len(base) :].split("/")
             if len(parts) == 2 and parts[1] == MANIFEST:
                 manifest = self._read_manifest(name, parts[0])
                 if manifest is not None:
-                    versions.append(
-                        {
-                            "version": manifest["version"],
-                            "created": manifest["created"],
-                            "run_id": manifest["run_id"],
-                            "metrics": manifest.get("metrics", {}),
-                        }
-                    )
-        versions.sort(
-            key=lambda v: (datetime.fromisoformat(v["created"]).timestamp(), v["version"]),
-            reverse=True,
-        )
-        return versions
+                    info = self.store.head(key)
+                    created = datetime.fromisoformat(manifest["created"]).timestamp()
+                    stored = info.modified if info and info.modified is not None else created
+                    found.append((stored, created, {
+                        "version": manifest["version"],
+                        "created": manifest["created"],
+                        "published": datetime.fromtimestamp(stored, UTC).isoformat(
+                            timespec="seconds"),
+                        "run_id": manifest["run_id"],
+                        "source": manifest.get("source", {}),
+                        "metrics": manifest.get("metrics", {}),
+                    }))
+        found.sort(key=lambda f: (f[0], f[1], f[2]["version"]), reverse=True)
+        return [entry for _, _, entry in found]
 
     def load_model(
         self,

@@ -57,6 +57,7 @@ class ObjectInfo:
     size: int
     etag: str
     sha256: str | None
+    modified: float | None = None  # when it was written (POSIX seconds), if the store says
 
 
 def _sha256_hex(data: bytes) -> str:
@@ -289,13 +290,14 @@ class FileStore(Store):
     def head(self, key: str) -> ObjectInfo | None:
         path = self._path(key)
         try:
-            size = path.stat().st_size
+            stat = path.stat()
             digest = sha256_file(path)
         except FileNotFoundError:
             return None
         except OSError as exc:
             raise StorageError(f"cannot stat {key!r} in {self.uri}: {exc}") from exc
-        return ObjectInfo(key=key, size=size, etag=digest, sha256=digest)
+        return ObjectInfo(key=key, size=stat.st_size, etag=digest, sha256=digest,
+                          modified=stat.st_mtime)
 
     def list(self, prefix: str = "") -> list[str]:
         # Walk the deepest directory the prefix names, then filter as S3 does.
@@ -622,6 +624,7 @@ class S3Store(Store):
             size=int(response["ContentLength"]),
             etag=response["ETag"],
             sha256=response.get("Metadata", {}).get("sha256"),
+            modified=response["LastModified"].timestamp() if "LastModified" in response else None,
         )
 
     def list(self, prefix: str = "") -> list[str]:

@@ -2,9 +2,22 @@
 
 ``dag_params()`` turns every config field that an operator sets (everything but the
 deployment's paths and store) into an Airflow ``Param`` with the field's type, default,
-bounds, enum, pattern, description and section. ``config_for_run()`` maps a run's
-params back onto a validated ``RunConfig``. Both walk ``training.config.flat_fields()``,
-so the form and the library cannot drift.
+bounds, enum, description and section. ``config_for_run()`` maps a run's params back
+onto a validated ``RunConfig``. Both walk ``training.config.flat_fields()``, so the
+form and the library cannot drift.
+
+Two things make the form usable in Airflow 3's UI:
+
+- A field that is empty by default (``dataset_version``, ``devices``, ``tpu``,
+  ``model_name``) is ``[type, "null"]`` with a ``null`` default: the UI marks every
+  non-nullable field as required and refuses to submit it empty. Empty or null means
+  "not set" (the library's default).
+- A field with a pattern carries it as a JSON-Schema ``format`` whose name is the rule
+  in words (``register_formats()`` adds the checks to jsonschema's ``FormatChecker``):
+  a refused value then reads ``'a b' is not a 'registry name of 1 to 128 letters, ...'``
+  instead of a regular expression. The checks are registered wherever params are
+  validated: on import of this module (DAG parsing, ``airflow dags test``, tasks) and
+  in the api-server through the ``training_form`` plugin.
 
 Deployment settings come from the environment of the Airflow components, read when a
 task runs:
@@ -20,6 +33,7 @@ task runs:
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import os
@@ -30,7 +44,7 @@ from typing import Any
 
 from airflow.sdk import Param
 
-from training.config import FieldSpec, RunConfig, flat_fields, property_schema
+from training.config import DEVICE_PATTERN, FieldSpec, RunConfig, flat_fields, property_schema
 from training.errors import ConfigError
 
 SECTION_TITLES = {
@@ -48,9 +62,45 @@ def form_fields() -> list[FieldSpec]:
     return [s for s in flat_fields() if not s.deployment]
 
 
+DEVICE_FORMAT = "device name like /gpu:0 or /cpu:0"
+
+
+def format_name(spec: FieldSpec) -> str:
+    """The form's ``format`` for a field with a pattern: its rule, as a noun phrase."""
+    return (spec.says or "").removeprefix("empty, or ").removeprefix("a ")
+
+
+def _format_checks() -> dict[str, Any]:
+    checks = {}
+    for spec in form_fields():
+        if "pattern" in spec.rules:
+            pattern, optional = spec.rules["pattern"], spec.optional
+            checks[format_name(spec)] = (
+                lambda v, p=pattern, o=optional: not isinstance(v, str)
+                or (o and v == "") or re.fullmatch(p, v) is not None)
+    checks[DEVICE_FORMAT] = lambda v: not isinstance(v, str) or re.fullmatch(DEVICE_PATTERN, v)
+    return checks
+
+
+def register_formats() -> None:
+    """Teach jsonschema's FormatChecker (what Airflow validates params with) our formats."""
+    from jsonschema import FormatChecker
+
+    for name, check in _format_checks().items():
+        FormatChecker.checkers[name] = (check, ())
+
+
 def _param(spec: FieldSpec) -> Param:
     schema = property_schema(spec)
     default, description = schema.pop("default"), schema.pop("description")
+    if spec.optional:
+        default = None
+        schema["type"] = [spec.type, "null"]
+    if "pattern" in schema:
+        schema["format"] = format_name(spec)
+        del schema["pattern"]
+    if spec.type == "array":
+        schema["items"] = {"type": "string", "format": DEVICE_FORMAT}
     return Param(default, title=spec.key.replace("_", " ").capitalize(),
                  description=description, section=SECTION_TITLES[spec.section], **schema)
 
@@ -94,11 +144,21 @@ def config_for_run(params: Mapping[str, Any], airflow_run_id: str,
     from airflow.sdk.exceptions import AirflowFailException
 
     try:
+        settable = {spec.key: spec for spec in form_fields()}
         for spec in flat_fields():
             if spec.deployment and spec.key in params:
                 raise ConfigError(f"{spec.key} is set by the deployment's environment, not by "
                                   f"a run's conf, got {params[spec.key]!r}")
-        return RunConfig.from_flat({**params, **deployment_settings(env),
+        for key in params:
+            if key not in settable:
+                close = difflib.get_close_matches(str(key), settable, n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise ConfigError(f"unknown conf key {key!r}{hint}; a run's conf may set: "
+                                  + ", ".join(sorted(settable)))
+        # Empty or null in an optional field means "not set": the library's default.
+        values = {k: v for k, v in params.items()
+                  if not (settable[k].optional and v in ("", None, []))}
+        return RunConfig.from_flat({**values, **deployment_settings(env),
                                     "run_id": run_id_for(airflow_run_id)})
     except ConfigError as exc:
         # Airflow 3.3 lets conf keys the form does not declare through; a retry cannot
@@ -118,12 +178,14 @@ def form_markdown() -> str:
             op = "<" if "exclusive_minimum" in rules else "<="
             allowed = f"{low} {op} x <= {rules['maximum']}"
         else:
-            allowed = "name pattern" if "pattern" in rules else "any"
+            allowed = spec.says or "any"
         default = "empty" if spec.default in ("", None, []) else f"`{json.dumps(spec.default)}`"
         rows.append(f"| {SECTION_TITLES[spec.section]} | `{spec.key}` | {spec.type} "
                     f"| {default} | {allowed} |")
     return "\n".join(rows)
 
+
+register_formats()
 
 if __name__ == "__main__":
     print(form_markdown())

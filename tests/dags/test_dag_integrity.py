@@ -107,12 +107,22 @@ def test_form_is_the_config_schema_minus_deployment_settings(dag):
     schema = json_schema(flat=True)["properties"]
     form = {s.key for s in flat_fields() if not s.deployment}
     assert set(dag.params) == form
+    specs = {s.key: s for s in flat_fields()}
     for key in form:
         param = dag.params.get_param(key)
         assert param.description == schema[key]["description"]
-        for rule in ("minimum", "maximum", "exclusiveMinimum", "enum", "pattern"):
+        for rule in ("minimum", "maximum", "exclusiveMinimum", "enum"):
             assert param.schema.get(rule) == schema[key].get(rule), (key, rule)
         assert param.schema["section"]
+        # The UI refuses to submit a non-nullable field left empty: empty defaults are null.
+        if specs[key].optional:
+            assert param.value is None and "null" in param.schema["type"], key
+        else:
+            assert param.value == specs[key].default, key
+        # A pattern is shown as its rule in words, never as a regular expression.
+        assert "pattern" not in param.schema, key
+        if "pattern" in schema[key]:
+            assert param.schema["format"] in specs[key].says, key
     for key in ("dataset", "model", "epochs", "batch_size", "learning_rate", "lr_scaling",
                 "early_stopping_patience", "reduce_lr_factor", "strategy", "accelerator",
                 "workers", "launcher", "min_accuracy", "min_improvement", "force_promote",
@@ -142,8 +152,40 @@ def test_conf_cannot_override_deployment_settings_or_add_unknown_keys():
 
     with pytest.raises(AirflowFailException, match="store_uri is set by the deployment"):
         config_for_run({"store_uri": "s3://elsewhere"}, "manual__x")
-    with pytest.raises(AirflowFailException, match="unknown config key 'epoch'"):
+    with pytest.raises(AirflowFailException,
+                       match=r"unknown conf key 'epoch' \(did you mean 'epochs'\?\); "
+                             r"a run's conf may set: ") as refused:
         config_for_run({"epoch": 3}, "manual__x")
+    # Only keys a conf may set are offered, never the deployment's.
+    assert "store_uri" not in str(refused.value) and "epochs" in str(refused.value)
+
+
+def test_optional_fields_left_empty_mean_not_set(dag):
+    from training_airflow.params import config_for_run
+
+    params = dag.params.validate()
+    assert params["tpu"] is None and params["devices"] is None
+    cfg = config_for_run({**params, "model_name": "", "tpu": None, "devices": None}, "manual__x")
+    assert (cfg.runtime.tpu, cfg.runtime.devices, cfg.storage.model_name) == ("", [], "")
+    assert cfg.model_name == "digits-mlp"
+
+
+@pytest.mark.parametrize(("key", "value", "words"), [
+    ("model_name", "a b", "registry name of 1 to 128 letters"),
+    ("dataset", "MNIST", "dataset name: lower-case letters"),
+    ("dataset_version", "latest", "version of three numbers, like 3.0.1"),
+    ("devices", ["gpu0"], "device name like /gpu:0 or /cpu:0"),
+])
+def test_refused_names_say_the_rule_in_words(dag, key, value, words):
+    from airflow.sdk.exceptions import ParamValidationError
+
+    params = copy.deepcopy(dag.params)
+    with pytest.raises(ParamValidationError) as refused:
+        params[key] = value
+        params.validate()
+    first_line = str(refused.value).splitlines()[0]
+    assert key in first_line and words in first_line, first_line
+    assert "^" not in first_line and "[A-Za-z" not in first_line, first_line
 
 
 @pytest.mark.parametrize(("accelerator", "queue"), [("gpu", "gpu"), ("tpu", "tpu"),
