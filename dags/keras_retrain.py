@@ -59,8 +59,10 @@ with DAG(
     def stage_dataset(params=None, run_id=None, outlet_events=None) -> dict:
         from training import datasets
         from training_airflow.params import config_for_run
+        from training_airflow.quiet import stderr_without_noise
 
-        staged = datasets.stage(config_for_run(params, run_id).dataset).to_dict()
+        with stderr_without_noise():
+            staged = datasets.stage(config_for_run(params, run_id).dataset).to_dict()
         outlet_events[STAGED_DATASET].extra = staged
         return staged
 

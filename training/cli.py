@@ -141,6 +141,8 @@ def execute(args: argparse.Namespace) -> int:
         _check_models_args(args)
         return _models(args)
     cfg = load_config(args)
+    log.info("%s run %s: configuration valid; loading TensorFlow and tensorflow-datasets",
+             args.command, cfg.run_id)
     from training import pipeline  # heavy (tfds): after the config is valid
 
     staged = _stage(cfg)  # resolves the dataset name before anything is written

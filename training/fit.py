@@ -9,7 +9,9 @@ version, and beside it the working state (``checkpoints/``, ``backup/``). ``mode
 * ``model.keras``      the final model: the best epoch's weights when
                        ``restore_best_weights`` is on;
 * ``saved_model/``     a SavedModel export for serving (``serve`` signature, raw pixels);
-* ``history.json`` / ``history.csv``  per-epoch metrics and learning rate.
+* ``history.json`` / ``history.csv``  per-epoch metrics and learning rate;
+* ``tensorboard/``     TensorBoard event files: ``train/`` and ``validation/`` scalars
+                       per epoch (loss, accuracy, learning rate).
 
 ``checkpoints/best.keras`` is ModelCheckpoint's best epoch. ``backup/`` holds the
 resumable state while training runs (``training.resume``: BackupAndRestore's weights,
@@ -52,9 +54,11 @@ def model_dir(run_dir: str | Path) -> Path:
 
 
 def make_callbacks(fit: FitConfig, run_dir: Path) -> list[Any]:
-    """NaN guard, EarlyStopping, ReduceLROnPlateau, best checkpoint, CSV log, backup.
+    """NaN guard, EarlyStopping, ReduceLROnPlateau, best checkpoint, CSV and TensorBoard
+    logs, backup.
 
-    The backup (``resume.ResumableBackup``) comes after the callbacks whose state it
+    The logs come after ReduceLROnPlateau, which adds the learning rate to each epoch's
+    logs. The backup (``resume.ResumableBackup``) comes after the callbacks whose state it
     saves and restores: see ``training.resume`` for why the order matters.
     """
     import keras
@@ -91,6 +95,8 @@ def make_callbacks(fit: FitConfig, run_dir: Path) -> list[Any]:
         reduce_lr,
         checkpoint,
         keras.callbacks.CSVLogger(os.fspath(model_dir(run_dir) / "history.csv"), append=True),
+        keras.callbacks.TensorBoard(os.fspath(model_dir(run_dir) / "tensorboard"),
+                                    update_freq="epoch", write_graph=False, profile_batch=0),
         resume.ResumableBackup(run_dir / "backup", early_stopping=early_stopping,
                                reduce_lr=reduce_lr, checkpoint=checkpoint,
                                min_interval_s=fit.backup_interval_s),

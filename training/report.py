@@ -36,6 +36,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from training.errors import TrainingError
 
@@ -342,9 +343,13 @@ def render_html(*, history: Mapping[str, Any] | None, evaluation: Mapping[str, A
         f"dataset <code>{_e(dataset_key)}</code>" if dataset_key else "",
         f"training started {_e(started)}" if started else "",
     ) if p)
+    # Served by the Models page at /models/<name>/versions/<version>/report/index.html:
+    # four levels up is the page, and the anchor is this version's row there.
+    back = "../../../../" + (f"#{quote(name)}/{quote(version)}" if name and version else "")
     return (
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
         f"<title>{_e(title)}</title><style>{_CSS}</style></head><body>"
+        f'<nav class="back"><a href="{_e(back)}">&larr; Models page</a></nav>'
         f"<h1>{_e(title)}</h1><p class=\"sub\">{sub}</p>"
         + _decision_section(evaluation)
         + _training_section(history, marks)

@@ -2,9 +2,12 @@
 
 Mounted by the api-server at ``/models`` (see ``models_view/__init__.py``):
 
-- ``GET /models/``: every model, the version in production, its versions newest first
-  with their key metrics, created time and run id, a link to each version's report, and
-  the promotion history;
+- ``GET /models/``: every model, the version in production, its versions most recently
+  published first with their key metrics, publication and run times, the Airflow run
+  that produced each (linked to that run in the UI), a link to each version's report,
+  and the promotion history. Each version's row is the anchor ``#<model>/<version>``
+  (the target of the DAG tasks' "Model version" extra link) and is highlighted when
+  targeted;
 - ``GET /models/<name>/versions/<version>/report/<path>``: one file of a version's
   report (``index.html`` and the images beside it), streamed from the store. Only files
   that the version's manifest lists under ``report/`` are served, and their SHA-256 is
@@ -212,6 +215,8 @@ a { color: var(--link); }
 .badge { display: inline-block; padding: 0 .5rem; border-radius: .75rem; font-size: 12px;
   font-weight: 600; color: var(--prod); background: var(--prod-bg); }
 tr.production td { background: color-mix(in srgb, var(--prod-bg) 35%, transparent); }
+tr.version:target td { background: color-mix(in srgb, var(--link) 18%, transparent); }
+tr.version:target td:first-child { box-shadow: inset 4px 0 0 var(--link); }
 .none { color: var(--muted); font-style: italic; }
 nav.models a { margin-right: .75rem; }
 """
@@ -238,6 +243,18 @@ def page(title: str, body: str) -> str:
     )
 
 
+def airflow_run_cell(entry: dict) -> str:
+    """The Airflow run that produced a version, linked to it in the UI (relative to
+    ``/models/``, so it works under any ``base_url`` path); the run id otherwise."""
+    source = entry.get("source") or {}
+    dag_id, run_id = source.get("dag_id"), source.get("run_id")
+    if not (dag_id and run_id):
+        return f'<code>{_e(entry["run_id"])}</code>'
+    href = f"../dags/{quote(dag_id, safe='')}/runs/{quote(run_id, safe='')}"
+    return (f'<a class="airflow-run" href="{_e(href)}" target="_top">'
+            f"<code>{_e(run_id)}</code></a>")
+
+
 def render_versions(name: str, production: str | None, versions: Sequence[dict]) -> str:
     head = "".join(f'<th class="num">{_e(m)}</th>' for m in KEY_METRICS)
     rows = []
@@ -252,15 +269,18 @@ def render_versions(name: str, production: str | None, versions: Sequence[dict])
             report = '<span class="none">no report</span>'
         metrics = entry.get("metrics") or {}
         cells = "".join(f'<td class="num">{_metric(metrics.get(m))}</td>' for m in KEY_METRICS)
+        published = entry.get("published") or entry["created"]
         rows.append(
             f'<tr class="version{" production" if in_production else ""}" '
-            f'data-version="{_e(version)}"><td><code>{_e(version)}</code> {status}</td>'
-            f"{cells}<td>{_e(entry['created'])}</td><td><code>{_e(entry['run_id'])}</code></td>"
-            f"<td>{report}</td></tr>"
+            f'id="{_e(name)}/{_e(version)}" data-version="{_e(version)}">'
+            f"<td><code>{_e(version)}</code> {status}</td>"
+            f"{cells}<td>{_e(published)}</td><td>{_e(entry['created'])}</td>"
+            f"<td>{airflow_run_cell(entry)}</td><td>{report}</td></tr>"
         )
     return (
-        f'<table class="versions"><thead><tr><th>version</th>{head}<th>created</th>'
-        f"<th>run id</th><th>report</th></tr></thead><tbody>{''.join(rows)}</tbody></table>"
+        f'<table class="versions"><thead><tr><th>version</th>{head}<th>published</th>'
+        f"<th>run started</th><th>Airflow run</th><th>report</th></tr></thead>"
+        f"<tbody>{''.join(rows)}</tbody></table>"
     )
 
 
@@ -288,7 +308,7 @@ def render_index(models: Sequence[dict], store_uri: str) -> str:
     parts = [
         "<h1>Models</h1>",
         f'<p class="meta">Read-only view of the model store <code>{_e(display_uri(store_uri))}'
-        "</code>. Versions are listed newest first.</p>",
+        "</code>. Versions are listed most recently published first.</p>",
     ]
     if not models:
         parts.append('<p class="none">No published model in this store yet.</p>')

@@ -1,10 +1,13 @@
 """``TrainOperator``: run ``python -m training train`` for one DAG run.
 
-``launcher=local`` runs it as a subprocess on the worker through the standard
-provider's ``SubprocessHook``: its output streams line by line into the task log,
-``on_kill`` (a task marked failed, a timeout, a worker shutdown) sends SIGTERM to its
-process group, and its exit code decides the task. The child gets the store's
-credentials through its environment only. The run's config is written to
+``launcher=local`` runs it as a subprocess on the worker, in its own process group:
+its output streams line by line into the task log (TensorFlow's CUDA probing noise on
+a CPU-only worker left out), ``on_kill`` (a task marked failed, a timeout, a worker
+shutdown) sends SIGTERM to its group, and its exit code decides the task: 0 succeeds;
+2 is a configuration error that no retry can fix, so the task fails at once without
+retries (``AirflowFailException``); anything else fails and is retried. The failure
+message is the child's ``error:`` line. The child gets the store's credentials
+through its environment only. The run's config is written to
 ``<output_dir>/<run_id>.launch.json`` and passed with ``--config``; because the run id
 comes from the Airflow run, a retry lands in the same run directory and
 BackupAndRestore resumes it.
@@ -20,7 +23,10 @@ the config and the context. A launcher that needs its own clean-up on kill sets
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -36,8 +42,35 @@ class TrainingLaunchError(TrainingError, RuntimeError):
     """Training ended without a model (non-zero exit, a failed Job, an unusable launcher)."""
 
 
+CONFIG_ERROR_EXIT = 2  # ``python -m training``: a configuration error (training.cli)
+
+
+def run_child(operator: TrainOperator, command: list[str], env: dict[str, str],
+              cwd: str) -> tuple[int, str | None]:
+    """Run ``command`` in its own process group, its output into the task log.
+
+    Returns the exit code and the child's last ``error:`` line (None if it printed none).
+    """
+    from training_airflow.quiet import is_noise
+
+    child = subprocess.Popen(command, env=env, cwd=cwd, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                             start_new_session=True)
+    operator.child = child
+    error = None
+    assert child.stdout is not None
+    for raw in child.stdout:
+        line = raw.decode(errors="backslashreplace").rstrip()
+        if is_noise(line):
+            continue
+        operator.log.info("%s", line)
+        if line.startswith("error: "):
+            error = line
+    return child.wait(), error
+
+
 def _launch_local(operator: TrainOperator, cfg: Any, context: Any) -> dict[str, Any]:
-    from airflow.providers.standard.hooks.subprocess import SubprocessHook
+    from airflow.sdk.exceptions import AirflowFailException
 
     from training_airflow.store import s3_options, subprocess_env
 
@@ -48,12 +81,16 @@ def _launch_local(operator: TrainOperator, cfg: Any, context: Any) -> dict[str, 
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1",
            **subprocess_env(s3_options(cfg.storage.store_uri, aws_conn_id()))}
     command = [sys.executable, "-m", "training", "train", "--config", os.fspath(config_path)]
-    operator.hook = SubprocessHook()
-    result = operator.hook.run_command(command=command, env=env, cwd=os.fspath(output_dir))
-    if result.exit_code != 0:
+    operator.log.info("starting the training process (TensorFlow loads for about 15 s "
+                      "before the first epoch): %s", " ".join(command))
+    code, error = run_child(operator, command, env, os.fspath(output_dir))
+    if code == CONFIG_ERROR_EXIT:
+        raise AirflowFailException(
+            f"training refused its configuration (exit {code}, not retried): "
+            f"{error or 'no error line'}")
+    if code != 0:
         raise TrainingLaunchError(
-            f"training exited with code {result.exit_code}: {result.output}"
-        )
+            f"training exited with code {code}: {error or 'no error line; see the log above'}")
     return {"run_id": cfg.run_id, "run_dir": os.fspath(cfg.run_dir())}
 
 
@@ -76,7 +113,7 @@ class TrainOperator(BaseOperator):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.hook: Any = None
+        self.child: subprocess.Popen | None = None
         self.stop: Callable[[], None] | None = None  # set by launchers with their own kill
 
     def execute(self, context: Any) -> dict[str, Any]:
@@ -90,5 +127,7 @@ class TrainOperator(BaseOperator):
     def on_kill(self) -> None:
         if self.stop is not None:
             self.stop()
-        elif self.hook is not None:
-            self.hook.send_sigterm()
+        elif self.child is not None and self.child.poll() is None:
+            self.log.info("sending SIGTERM to the training process group")
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.child.pid, signal.SIGTERM)

@@ -53,12 +53,14 @@ class _ModelStep(BaseOperator):
     operator_extra_links = (ModelVersionLink(),)
 
     def execute(self, context: Any) -> Any:
+        from training_airflow.quiet import stderr_without_noise
         from training_airflow.store import open_registry
 
         cfg = config_for_run(context["params"], context["run_id"])
         context["ti"].xcom_push(key=VERSION_XCOM,
                                 value={"model_name": cfg.model_name, "version": cfg.run_id})
-        return self.step(cfg, open_registry(cfg, aws_conn_id()), context)
+        with stderr_without_noise():  # TensorFlow loads here on a CPU-only worker
+            return self.step(cfg, open_registry(cfg, aws_conn_id()), context)
 
     def step(self, cfg: Any, registry: Any, context: Any) -> Any:
         raise NotImplementedError
