@@ -63,6 +63,10 @@ def form_fields() -> list[FieldSpec]:
 
 
 DEVICE_FORMAT = "device name like /gpu:0 or /cpu:0"
+# Form labels where "the key with spaces" reads badly.
+TITLES = {"lr_scaling": "Learning-rate scaling", "min_lr": "Minimum learning rate",
+          "num_gpus": "Number of GPUs", "tpu": "TPU name", "jit_compile": "XLA (jit_compile)",
+          "backup_interval_s": "Backup interval (s)", "monitor": "Monitored metric"}
 
 
 def format_name(spec: FieldSpec) -> str:
@@ -101,7 +105,8 @@ def _param(spec: FieldSpec) -> Param:
         del schema["pattern"]
     if spec.type == "array":
         schema["items"] = {"type": "string", "format": DEVICE_FORMAT}
-    return Param(default, title=spec.key.replace("_", " ").capitalize(),
+    title = TITLES.get(spec.key, spec.key.replace("_", " ").capitalize())
+    return Param(default, title=title,
                  description=description, section=SECTION_TITLES[spec.section], **schema)
 
 

@@ -188,13 +188,14 @@ def login_password(home: Path) -> str:
 
 
 def banner(base_url: str, home: Path, log_dir: Path) -> str:
-    schedule = os.environ.get("TRAINING_SCHEDULE", "0 3 * * *") or "none"
+    schedule = os.environ.get("TRAINING_SCHEDULE", "0 3 * * *")
+    when = (f"nightly schedule {schedule!r} once unpaused" if schedule
+            else "no schedule: runs start from the Trigger form")
     return "\n".join([
         "",
         f"Airflow is ready: {base_url}/",
         f"  login:      {USER} / {login_password(home)}",
-        f"  DAG:        {base_url}/dags/{DAG_ID} (new DAGs start paused: switch the toggle "
-        "on before its runs start; schedule: " + schedule + ")",
+        f"  DAG:        {base_url}/dags/{DAG_ID} (starts paused; Trigger unpauses it; {when})",
         f"  Models:     {base_url}/models/",
         f"  logs:       {log_dir}/<component>.log, task logs in {home}/logs/",
         "Stop with Ctrl-C.",

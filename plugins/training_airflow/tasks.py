@@ -5,9 +5,10 @@ before produced from its XCom (template fields holding ``XComArg``s, which also 
 the dependencies), build the run's validated config from the params, open the
 deployment's registry and call ``training.pipeline``.
 
-Each carries a "Model version" extra link: the version on the Models page
-(``<api base_url>/models/#<model>/<version>``), from which the page links back to the
-Airflow run. The operator pushes the version it works on as XCom ``model_version``
+Each carries a "Model version" extra link (in the task's Details tab): the version
+on the Models page (``/models/#<model>/<version>`` under the path of ``[api]
+base_url``, so it opens on whatever host the UI was reached by), from which the page
+links back to the Airflow run. The operator pushes the version it works on as XCom ``model_version``
 before it does anything, so the link exists even when the step fails or is skipped;
 Airflow 3 computes extra links in the task process when the task ends and stores them
 as XCom, so the api-server runs none of this code.
@@ -16,7 +17,7 @@ as XCom, so the api-server runs none of this code.
 from __future__ import annotations
 
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 from airflow.sdk import BaseOperator, BaseOperatorLink
 
@@ -26,11 +27,11 @@ VERSION_XCOM = "model_version"
 
 
 def models_page_url(model_name: str, version: str) -> str:
-    """The version's row on the Models page, under the api-server's ``base_url``."""
+    """The version's row on the Models page, under the path of ``[api] base_url``."""
     from airflow.configuration import conf
 
-    base = (conf.get("api", "base_url", fallback="") or "").rstrip("/")
-    return f"{base}/models/#{quote(model_name)}/{quote(version)}"
+    root = urlsplit(conf.get("api", "base_url", fallback="") or "").path.rstrip("/")
+    return f"{root}/models/#{quote(model_name)}/{quote(version)}"
 
 
 class ModelVersionLink(BaseOperatorLink):

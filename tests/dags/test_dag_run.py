@@ -117,3 +117,26 @@ def test_an_undeclared_conf_key_fails_the_run_at_once_without_retries(dag):
     assert str(run.state) == "failed"
     assert states["stage_dataset"] == "failed", states
     assert states["train"] == "upstream_failed", states
+
+
+def test_a_configuration_error_in_train_fails_at_once_with_the_childs_error_line(dag, capfd):
+    # Valid for the form, refused by the training process on this machine (no GPUs):
+    # exit 2, so the task fails on its first try instead of retrying with backoff, and
+    # its failure is the child's one `error:` line.
+    from airflow.models import TaskInstance
+    from airflow.utils.session import create_session
+
+    run = dag.test(run_conf={"num_gpus": 2, "strategy": "mirrored", "epochs": 1})
+    states, _ = _states_and_xcoms(run.run_id)
+    assert str(run.state) == "failed"
+    assert states["stage_dataset"] == "success" and states["train"] == "failed", states
+    with create_session() as session:
+        train = session.query(TaskInstance).filter(TaskInstance.run_id == run.run_id,
+                                                   TaskInstance.task_id == "train").one()
+        assert train.try_number == 1
+    out, err = capfd.readouterr()
+    expected = ("training refused its configuration (exit 2, not retried): error: "
+                "runtime.num_gpus asks for 2 GPUs but 0 are visible")
+    assert expected in out + err
+    # The CUDA probing of TensorFlow on a CPU-only host does not reach the task log.
+    assert "cuInit" not in out + err and "Could not find cuda drivers" not in out + err

@@ -33,6 +33,31 @@ def test_run_directory_holds_every_output(trained_run):
     assert not (run_dir / "backup").exists()  # removed by BackupAndRestore after success
 
 
+def test_tensorboard_has_every_epoch_of_loss_accuracy_and_learning_rate(trained_run):
+    import tensorflow as tf
+
+    cfg, result = trained_run
+    board = Path(result.run_dir) / "model" / "tensorboard"  # published with the version
+    history = json.loads((Path(result.run_dir) / "model" / "history.json").read_text())
+    scalars: dict[str, dict[str, dict[int, float]]] = {}
+    for split in ("train", "validation"):
+        [events] = sorted((board / split).glob("events.out.tfevents.*"))
+        for event in tf.compat.v1.train.summary_iterator(os.fspath(events)):
+            for value in event.summary.value:
+                number = float(tf.make_ndarray(value.tensor))
+                scalars.setdefault(split, {}).setdefault(value.tag, {})[event.step] = number
+    steps = list(range(cfg.fit.epochs))  # TensorBoard counts epochs from 0
+    for tag in ("epoch_loss", "epoch_accuracy", "epoch_learning_rate"):
+        assert sorted(scalars["train"][tag]) == steps, tag
+    for tag in ("epoch_loss", "epoch_accuracy"):
+        assert sorted(scalars["validation"][tag]) == steps, tag
+    # The same numbers as the run's history.
+    np.testing.assert_allclose([scalars["validation"]["epoch_loss"][s] for s in steps],
+                               history["metrics"]["val_loss"], rtol=1e-5)
+    np.testing.assert_allclose([scalars["train"]["epoch_learning_rate"][s] for s in steps],
+                               history["metrics"]["learning_rate"], rtol=1e-5)
+
+
 def test_saved_model_predicts_the_same_classes_as_the_keras_model(trained_run, staged_digits):
     import keras
     import tensorflow as tf

@@ -1,14 +1,14 @@
-"""System: runs of ``keras_retrain`` triggered through a real Airflow's REST API.
+"""System: runs of ``keras_retrain`` triggered through the REST API of ``./dev airflow``.
 
-The stack (api-server, scheduler, dag-processor; LocalExecutor; SQLite) comes from
-``conftest.py``. Requests are the UI's: ``POST /api/v2/dags/{dag_id}/dagRuns`` with a
-Bearer JWT, the trigger form's values as ``conf`` and no logical date.
+The stack is ``./dev airflow`` from a fresh copy (``conftest.py``); the browser journey
+is ``test_journey.py``. Here the same requests go over REST, as a script or CI would
+send them: ``PATCH`` to unpause (the DAG starts paused), ``POST
+/api/v2/dags/{dag_id}/dagRuns`` with a Bearer JWT, a conf and no logical date.
 """
 
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 
 import pytest
@@ -19,11 +19,15 @@ from training.storage import open_store
 pytestmark = pytest.mark.slow
 
 DAG_ID = "keras_retrain"
-RUN_TIMEOUT_S = 360.0
 TASKS = ("stage_dataset", "train", "evaluate", "publish", "promote")
 CONF = {"epochs": 3, "batch_size": 32, "min_accuracy": 0.5, "model_name": "system-test"}
-# States after which waiting longer cannot make the run succeed (a retry means it broke).
-BROKEN = {"failed", "upstream_failed", "up_for_retry", "removed"}
+
+
+@pytest.fixture(scope="module")
+def airflow_stack(dev_airflow: Any) -> Any:
+    dag = dev_airflow.request("PATCH", f"/api/v2/dags/{DAG_ID}", {"is_paused": False})
+    assert dag["is_paused"] is False, dag
+    return dev_airflow
 
 
 def trigger(stack: Any, conf: dict[str, Any]) -> tuple[int, Any]:
@@ -35,36 +39,8 @@ def trigger(stack: Any, conf: dict[str, Any]) -> tuple[int, Any]:
     )
 
 
-def task_states(stack: Any, run_id: str) -> dict[str, str | None]:
-    listed = stack.request("GET", f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances")
-    return {ti["task_id"]: ti["state"] for ti in listed["task_instances"]}
-
-
-def wait_for_run(stack: Any, run_id: str, timeout: float = RUN_TIMEOUT_S) -> dict:
-    deadline = time.monotonic() + timeout
-    while True:
-        stack.check_alive()
-        run = stack.request("GET", f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}")
-        states = task_states(stack, run_id)
-        if run["state"] in ("success", "failed") or BROKEN & set(states.values()):
-            return run
-        if time.monotonic() > deadline:
-            pytest.fail(f"run {run_id} still {run['state']} after {timeout:.0f} s; tasks: "
-                        f"{states}\n{stack.diagnostics(run_id)}")
-        time.sleep(2.0)
-
-
 def run_count(stack: Any) -> int:
     return stack.request("GET", f"/api/v2/dags/{DAG_ID}/dagRuns")["total_entries"]
-
-
-def xcom(stack: Any, run_id: str, task_id: str) -> Any:
-    entry = stack.request(
-        "GET",
-        f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/{task_id}/xcomEntries/return_value",
-    )
-    value = entry["value"]
-    return json.loads(value) if isinstance(value, str) else value
 
 
 def test_triggered_run_trains_publishes_and_promotes(airflow_stack: Any):
@@ -76,14 +52,14 @@ def test_triggered_run_trains_publishes_and_promotes(airflow_stack: Any):
     assert created["logical_date"] is None
     assert created["run_type"] == "manual"
 
-    run = wait_for_run(stack, run_id)
-    states = task_states(stack, run_id)
+    run = stack.wait_for_run(run_id)
+    states = stack.task_states(run_id)
     report = f"tasks: {states}\n{stack.diagnostics(run_id)}"
     assert run["state"] == "success", report
     assert states == {task: "success" for task in TASKS}, report
 
     # XCom carries a small summary of the published version, never the model.
-    published = xcom(stack, run_id, "publish")
+    published = stack.xcom(run_id, "publish")
     assert isinstance(published, dict), published
     assert len(json.dumps(published)) < 2048, published
     assert set(published) == {"model_name", "version", "store_uri", "files", "metrics"}

@@ -1,0 +1,198 @@
+"""System: the README's first journey, walked in a browser as a person clicks it.
+
+``./dev airflow`` runs from a fresh copy of the tree (``conftest.py``). Headless
+Chromium logs in with the login that ``./dev airflow`` printed, opens the DAG from the
+Dags list, opens the Trigger form and submits it with its defaults, submits it again
+with one field changed, and, once both runs have succeeded, follows the ``publish``
+task's "Model version" extra link to the Models page, opens the report, goes back to
+the page and follows the version's Airflow run link back into the UI. A second test
+types an invalid value into the form and checks that Airflow refuses it, in words,
+naming the field, and that no run is created.
+
+Screenshots of every step go to ``$TEST_ARTIFACTS_DIR`` (default ``artifacts/``) under
+``journey-*.png``. The REST API is read beside the browser to find runs and wait for
+them; nothing is triggered through it.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+from devstack import DAG_ID, USER, artifacts_dir
+
+from training.registry import ModelRegistry
+from training.storage import open_store
+
+pytestmark = pytest.mark.slow
+
+MODEL = "digits-mlp"  # the default dataset and model, no model_name: <dataset>-<model>
+CHANGED_EPOCHS = "4"
+TASKS = ("stage_dataset", "train", "evaluate", "publish", "promote")
+
+
+def shot(page: Any, name: str) -> None:
+    page.screenshot(path=str(artifacts_dir() / f"journey-{name}.png"), full_page=True)
+
+
+def log_in(page: Any, stack: Any) -> None:
+    from playwright.sync_api import expect
+
+    page.goto(stack.base_url + "/")
+    expect(page.get_by_label("Username")).to_be_visible(timeout=30_000)
+    page.get_by_label("Username").fill(USER)
+    page.get_by_label("Password").fill(stack.password)
+    page.get_by_role("button", name="Sign in").click()
+    expect(page.get_by_role("link", name="Dags")).to_be_visible(timeout=30_000)
+
+
+def open_dag(page: Any) -> None:
+    from playwright.sync_api import expect
+
+    page.get_by_role("link", name="Dags").click()
+    expect(page.get_by_text("1 Dag")).to_be_visible()
+    page.get_by_role("link", name=DAG_ID, exact=True).first.click()
+    expect(page).to_have_url(re.compile(rf"/dags/{DAG_ID}$"))
+    expect(page.get_by_text("stage_dataset").first).to_be_visible()  # the DAG page is drawn
+
+
+def open_trigger_form(page: Any) -> Any:
+    """The header's Trigger button; once runs exist it is a menu: its "Trigger" entry."""
+    from playwright.sync_api import expect
+
+    page.get_by_role("button", name="Trigger").first.click()
+    dialog = page.get_by_role("dialog")
+    fresh = page.get_by_role("menuitem", name="Trigger", exact=True)
+    expect(dialog.or_(fresh)).to_be_visible()
+    if fresh.is_visible():
+        fresh.click()
+    expect(dialog.get_by_text(f"Trigger Dag - {DAG_ID}")).to_be_visible()
+    return dialog
+
+
+def submit_button(dialog: Any) -> Any:
+    return dialog.get_by_role("button", name="Trigger", exact=True)
+
+
+def new_run(stack: Any, known: set[str], timeout_s: float = 30.0) -> dict:
+    """The run the form just created (read beside the UI, over REST)."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        fresh = [r for r in stack.runs() if r["dag_run_id"] not in known]
+        if fresh:
+            assert len(fresh) == 1, fresh
+            return fresh[0]
+        time.sleep(0.5)
+    raise AssertionError(f"no new run of {DAG_ID} {timeout_s:.0f} s after the form was submitted")
+
+
+def test_trigger_form_runs_and_links_to_the_models_page(dev_airflow: Any, browser: Any):
+    from playwright.sync_api import expect
+
+    stack = dev_airflow
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.set_default_timeout(30_000)
+    log_in(page, stack)
+    open_dag(page)
+    shot(page, "01-dag")
+
+    # 1. The form opens valid with its defaults, and is submitted as it is.
+    dialog = open_trigger_form(page)
+    expect(submit_button(dialog)).to_be_enabled()
+    shot(page, "02-trigger-form-defaults")
+    known = {r["dag_run_id"] for r in stack.runs()}
+    submit_button(dialog).click()
+    expect(dialog).to_be_hidden()
+    first = new_run(stack, known)
+    known.add(first["dag_run_id"])
+    defaults = {k: v for k, v in first["conf"].items() if v is not None}
+    assert defaults["epochs"] == 30 and defaults["model"] == "mlp", first["conf"]
+
+    # 2. Again, with one field changed in the form.
+    dialog = open_trigger_form(page)
+    dialog.get_by_role("button", name="Training").click()
+    epochs = dialog.get_by_role("spinbutton", name="Epochs")
+    expect(epochs).to_have_value("30")
+    epochs.fill(CHANGED_EPOCHS)
+    epochs.blur()
+    shot(page, "03-trigger-form-epochs-changed")
+    expect(submit_button(dialog)).to_be_enabled()
+    submit_button(dialog).click()
+    expect(dialog).to_be_hidden()
+    second = new_run(stack, known)
+    assert second["conf"]["epochs"] == int(CHANGED_EPOCHS), second["conf"]
+
+    for run in (first, second):
+        ended = stack.wait_for_run(run["dag_run_id"])
+        states = stack.task_states(run["dag_run_id"])
+        assert ended["state"] == "success", (states, stack.diagnostics(run["dag_run_id"]))
+        assert states["publish"] == "success", states
+    registry = ModelRegistry(open_store(stack.store_uri))
+    v1 = stack.xcom(first["dag_run_id"], "publish")["version"]
+    v2 = stack.xcom(second["dag_run_id"], "publish")["version"]
+    assert registry.production(MODEL) == v1  # the first model had nothing to beat
+    second_decision = stack.xcom(second["dag_run_id"], "evaluate")["decision"]
+    assert stack.task_states(second["dag_run_id"])["promote"] == (
+        "success" if second_decision["promote"] else "skipped")
+
+    # 3. The publish task of the first run links to its version on the Models page.
+    page.goto(f"{stack.base_url}/dags/{DAG_ID}/runs/{first['dag_run_id']}/tasks/publish")
+    page.get_by_role("link", name="Details").click()
+    link = page.get_by_role("link", name="Model version")
+    expect(link).to_have_attribute("href", f"/models/#{MODEL}/{v1}")
+    shot(page, "04-publish-task-extra-link")
+    link.click()
+    expect(page).to_have_url(f"{stack.base_url}/models/#{MODEL}/{v1}")
+    row = page.locator(f'tr.version[id="{MODEL}/{v1}"]')
+    expect(row).to_be_visible()
+    expect(row.locator(".badge")).to_have_text("production")
+    assert row.evaluate("element => element.matches(':target')"), "the linked row is not targeted"
+    model = page.locator(f'section[data-model="{MODEL}"]')
+    # Most recently published first: the second run's version, then the first's.
+    rows = model.locator("table.versions tbody tr")
+    expect(rows.first).to_have_attribute("data-version", v2)
+    expect(rows.nth(1)).to_have_attribute("data-version", v1)
+    expect(row.locator("a.airflow-run")).to_have_text(first["dag_run_id"])
+    shot(page, "05-models-page")
+
+    # 4. The report of that version, and back to the page.
+    row.get_by_role("link", name="report").click()
+    expect(page.locator("h1")).to_have_text(f"{MODEL} version {v1}")
+    expect(page.locator(".verdict")).to_have_text("promote to production")
+    shot(page, "06-report")
+    page.get_by_role("link", name="Models page").click()
+    expect(page).to_have_url(f"{stack.base_url}/models/#{MODEL}/{v1}")
+
+    # 5. From the version back to the Airflow run that produced it.
+    page.locator(f'tr.version[id="{MODEL}/{v2}"] a.airflow-run').click()
+    expect(page).to_have_url(re.compile(
+        re.escape(f"{stack.base_url}/dags/{DAG_ID}/runs/") + ".+"))
+    assert second["dag_run_id"] in page.url.replace("%3A", ":").replace("%2B", "+"), page.url
+    expect(page.get_by_text("Success").first).to_be_visible()
+    shot(page, "07-back-to-the-run")
+    page.close()
+
+
+def test_trigger_form_refuses_an_invalid_value_in_words(dev_airflow: Any, browser: Any):
+    from playwright.sync_api import expect
+
+    stack = dev_airflow
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.set_default_timeout(30_000)
+    log_in(page, stack)
+    open_dag(page)
+    before = len(stack.runs())
+    dialog = open_trigger_form(page)
+    dialog.get_by_role("button", name="Model registry").click()
+    dialog.locator("#element_model_name").fill("my model")
+    submit_button(dialog).click()
+    alert = dialog.get_by_text("Invalid input for param model_name")
+    expect(alert).to_be_visible()
+    expect(alert).to_contain_text("'my model' is not a")
+    expect(alert).to_contain_text("registry name of 1 to 128 letters, digits")
+    shot(page, "08-invalid-value-refused")
+    assert len(stack.runs()) == before
+    page.close()
