@@ -182,6 +182,8 @@ def form_markdown() -> str:
             low = rules.get("minimum", rules.get("exclusive_minimum"))
             op = "<" if "exclusive_minimum" in rules else "<="
             allowed = f"{low} {op} x <= {rules['maximum']}"
+        elif spec.type == "array":
+            allowed = "device names like /gpu:0 or /cpu:0, one per line in the form"
         else:
             allowed = spec.says or "any"
         default = "empty" if spec.default in ("", None, []) else f"`{json.dumps(spec.default)}`"

@@ -8,7 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from devstack import CHROMIUM, DevAirflow, fresh_copy, save_logs
+from devstack import CHROMIUM, DevAirflow, save_logs
+from support.fresh import fresh_copy
 
 
 @pytest.fixture(scope="session")

@@ -19,7 +19,6 @@ import contextlib
 import json
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -33,14 +32,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.fresh import artifacts_dir, new_user_env
 
-REPO = Path(__file__).resolve().parents[2]
+__all__ = ["CHROMIUM", "DAG_ID", "USER", "DevAirflow", "artifacts_dir", "save_logs"]
+
 DAG_ID = "keras_retrain"
 USER = "admin"
 STARTUP_TIMEOUT_S = 420.0  # set-up of a fresh .venv, db migrate, four components
 CHROMIUM = os.environ.get("CHROMIUM_PATH", "/usr/bin/chromium")
-_FOREIGN_PREFIXES = ("AIRFLOW", "_AIRFLOW", "TRAINING_", "AWS_", "TF_", "PYTHON", "VIRTUAL_ENV",
-                     "PYTEST_")
 
 
 def free_port_pair() -> int:
@@ -59,36 +58,6 @@ def free_port_pair() -> int:
             continue
         return port
     raise RuntimeError("no three consecutive free ports on 127.0.0.1")
-
-
-def new_user_env() -> dict[str, str]:
-    """This process's environment as a new user's shell would have it."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(_FOREIGN_PREFIXES)}
-    path = [p for p in os.environ.get("PATH", os.defpath).split(os.pathsep)
-            if p and not (Path(p).parent / "pyvenv.cfg").exists()]
-    env["PATH"] = os.pathsep.join(path)
-    return env
-
-
-def fresh_copy(dest: Path) -> Path:
-    """The working tree as a clone of it would be (git's files, nothing ignored)."""
-    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others",
-                             "--exclude-standard"], cwd=REPO, check=True,
-                            capture_output=True).stdout.decode().split("\0")
-    dest.mkdir(parents=True)
-    for rel in filter(None, listed):
-        source = REPO / rel
-        if source.is_file():
-            target = dest / rel
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source, target)
-    return dest
-
-
-def artifacts_dir() -> Path:
-    path = Path(os.environ.get("TEST_ARTIFACTS_DIR") or REPO / "artifacts")
-    path.mkdir(parents=True, exist_ok=True)
-    return path
 
 
 class ApiError(AssertionError):

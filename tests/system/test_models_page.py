@@ -321,10 +321,12 @@ def test_models_page_serves_versions_and_reports_read_only(models_site):
     assert "default-src 'none'" in headers["content-security-policy"]
     page = body.decode()
     assert_no_credential(server, page, "the Models page")
-    # Newest first, by the order of the version ids in the HTML.
+    # Most recently published first (they were published in this order), by the order of
+    # the version ids in the HTML.
     positions = [page.index(f'data-version="{v}"') for v, *_ in VERSIONS]
     assert positions == sorted(positions, reverse=True), positions
-    assert f'class="version production" data-version="{PRODUCTION}"' in page
+    assert (f'class="version production" id="{MODEL}/{PRODUCTION}" '
+            f'data-version="{PRODUCTION}"') in page
     assert "nothing in production" in page  # the other model
     assert page.count("no report") == 2  # 20250103-c and the other model's version
 
