@@ -399,11 +399,14 @@ def test_store_errors_are_scrubbed_and_run_values_escaped(monkeypatch):
     shown = page.render_index([{
         "name": "m", "production": "v1",
         "versions": [{"version": "v1", "created": hostile, "run_id": hostile,
+                      "source": {"dag_id": hostile, "run_id": hostile},
                       "metrics": {"accuracy": hostile, "loss": 0.5}, "has_report": True}],
         "history": [{"from": None, "to": "v1", "at": hostile, "reason": hostile,
                      "run_id": hostile, "forced": True}],
     }], "s3://user:password@bucket/prefix")
-    assert "<img" not in shown and shown.count("&lt;img src=x") == 6
+    # published (= created here), created, accuracy, the Airflow run; at, reason, run id
+    assert "<img" not in shown and shown.count("&lt;img src=x") == 7
+    assert 'href="../dags/%3Cimg%20src%3Dx' in shown  # the run link is quoted too
     assert "password" not in shown and "s3://bucket/prefix" in shown
     assert 'href="m/versions/v1/report/index.html"' in shown
 
