@@ -18,7 +18,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from training.config import SECTIONS, FieldSpec, RunConfig, flat_fields, json_schema
-from training.errors import ConfigError, TrainingError
+from training.errors import ConfigError, TrainingError, shown
+from training.locks import claim
 
 log = logging.getLogger("training")
 
@@ -81,6 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m training",
         description="Stage datasets, train, evaluate and publish Keras models.",
+        allow_abbrev=False,  # --epoch is an unknown flag, not --epochs
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     commands = {
@@ -93,17 +95,18 @@ def build_parser() -> argparse.ArgumentParser:
         "run": "stage, train, evaluate, publish and promote in one process.",
     }
     for name, text in commands.items():
-        cmd = sub.add_parser(name, help=text, description=text)
+        cmd = sub.add_parser(name, help=text, description=text, allow_abbrev=False)
         _add_config_flags(cmd)
     models = sub.add_parser("models", help="List, show, promote or roll back model versions.",
-                            description="Read and move the model registry in a store.")
+                            description="Read and move the model registry in a store.",
+                            allow_abbrev=False)
     models.add_argument("action", choices=["list", "show", "promote", "rollback"])
     models.add_argument("--store-uri", default=RunConfig().storage.store_uri,
                         help="s3://bucket/prefix, file:///path or a local path")
     models.add_argument("--name", help="model name (all models for list)")
     models.add_argument("--version", help="version id (show, promote, rollback)")
     models.add_argument("--reason", default="", help="why (promote, rollback)")
-    schema = sub.add_parser("schema", help="Print the config's JSON Schema.")
+    schema = sub.add_parser("schema", help="Print the config's JSON Schema.", allow_abbrev=False)
     schema.add_argument("--flat", action="store_true", help="flat keys, as the trigger form")
     schema.add_argument("--markdown", action="store_true",
                         help="the README's configuration reference table")
@@ -141,6 +144,15 @@ def execute(args: argparse.Namespace) -> int:
         _check_models_args(args)
         return _models(args)
     cfg = load_config(args)
+    if args.command == "stage" or os.environ.get("TF_CONFIG"):
+        # A worker of a multi-worker run: its launcher (or the Kubernetes Job's stable
+        # name) holds the run; fit.train claims it again in the chief.
+        return _execute(args, cfg)
+    with claim(cfg.run_dir(), f"run directory {cfg.run_dir()} (run {cfg.run_id})"):
+        return _execute(args, cfg)
+
+
+def _execute(args: argparse.Namespace, cfg: RunConfig) -> int:
     log.info("%s run %s: configuration valid; loading TensorFlow and tensorflow-datasets",
              args.command, cfg.run_id)
     from training import pipeline  # heavy (tfds): after the config is valid
@@ -170,6 +182,7 @@ def execute(args: argparse.Namespace) -> int:
                           "test_accuracy": evaluation["challenger"]["accuracy"],
                           "decision": evaluation["decision"]}))
     if args.command in ("publish", "run"):
+        pipeline.read_evaluation(cfg)  # evaluated first: says so if not
         started = pipeline.started_at(cfg)
         print(json.dumps({"published": pipeline.publish(cfg, registry, created=started)}))
         print(json.dumps({"promotion": pipeline.promote(cfg, registry, at=started)}))
@@ -186,8 +199,16 @@ def _models(args: argparse.Namespace) -> int:
     now = datetime.now(UTC).isoformat(timespec="seconds")  # a person's action, not a retry
     if args.action == "list":
         names = [args.name] if args.name else registry.list_models()
-        out: Any = {n: {"production": registry.production(n),
-                        "versions": registry.list_versions(n)} for n in names}
+        out: Any = {}
+        for n in names:
+            versions = registry.list_versions(n)
+            production = registry.production(n)
+            out[n] = {"production": production, "versions": versions}
+            if production is not None and production not in {v["version"] for v in versions}:
+                out[n]["warning"] = (f"production points at version {production!r}, which is "
+                                     "not a complete version in this store (deleted?); roll "
+                                     "back to one that is")
+                log.warning("model %s: %s", n, out[n]["warning"])
     elif args.action == "show":
         out = {**registry.show(args.name, args.version),
                "production": registry.production(args.name) == args.version,
@@ -216,6 +237,18 @@ def run_command(command: Callable[[], int]) -> int:
         return 2
     except TrainingError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # a failure no check foresaw: still one line, and the trace
+        log.debug("unexpected failure", exc_info=True)
+        if os.environ.get("TRAINING_TRACEBACK"):
+            import traceback
+
+            traceback.print_exc()
+        print(f"error: unexpected {type(exc).__name__}: {shown(exc)} (set "
+              "TRAINING_TRACEBACK=1 for the traceback)", file=sys.stderr)
         return 1
 
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from training.errors import ConfigError
+from training.errors import ConfigError, shown
 from training.models import MODELS
 
 # The registry's name rule (training/registry.py), as a JSON-Schema-safe pattern.
@@ -100,17 +100,17 @@ def _check(section: str, f: dataclasses.Field, value: Any) -> Any:
         raise ConfigError(f"{name} must be {_describe_allowed(meta, kind)}, got None")
     if is_list:
         if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
-            raise ConfigError(f"{name} must be a list of strings, got {value!r}")
+            raise ConfigError(f"{name} must be a list of strings, got {shown(value)}")
         return list(value)
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
     if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
         raise ConfigError(
-            f"{name} must be {_describe_allowed(meta, kind)}, got {value!r} "
+            f"{name} must be {_describe_allowed(meta, kind)}, got {shown(value)} "
             f"({type(value).__name__})"
         )
     if kind is float and not math.isfinite(value):
-        raise ConfigError(f"{name} must be a finite number, got {value!r}")
+        raise ConfigError(f"{name} must be a finite number, got {shown(value)}")
     bad = (
         ("enum" in meta and value not in meta["enum"])
         or (meta.get("minimum") is not None and value < meta["minimum"])
@@ -119,7 +119,7 @@ def _check(section: str, f: dataclasses.Field, value: Any) -> Any:
         or ("pattern" in meta and not re.fullmatch(meta["pattern"], value))
     )
     if bad:
-        raise ConfigError(f"{name} must be {_describe_allowed(meta, kind)}, got {value!r}")
+        raise ConfigError(f"{name} must be {_describe_allowed(meta, kind)}, got {shown(value)}")
     return value
 
 
@@ -267,6 +267,11 @@ class RuntimeConfig(_Section):
         "", "TPU name for TPUClusterResolver ('local' for a TPU VM); empty for none.",
         key="tpu",
     )
+    collective_timeout_s: int = _field(
+        1800, "Seconds a multi-worker collective (all-reduce) may wait before it fails the "
+        "run instead of hanging (0: no limit).", key="collective_timeout_s",
+        minimum=0, maximum=86_400,
+    )
     jit_compile: bool = _field(False, "Compile the train step with XLA.", key="jit_compile")
     mixed_precision: str = _field(
         "auto", "Keras dtype policy; auto is mixed_bfloat16 on TPU and float32 elsewhere "
@@ -319,6 +324,11 @@ class StorageConfig(_Section):
         "file:///path or a local path.", key="store_uri", deployment=True,
         pattern=r"^(s3://[a-z0-9.-]{3,63}(/.*)?|file://.+|[^:]+)$",
         says="s3://bucket/prefix, file:///path or a local path",
+    )
+    max_version_mb: int = _field(
+        10_240, "Largest version the registry accepts, in MiB; publishing a larger one "
+        "is refused with the sizes.", key="max_version_mb", deployment=True,
+        minimum=1, maximum=10_485_760,
     )
     model_name: str = _field(
         "", "Registry name of the model; empty uses '<dataset>-<model>'.",
@@ -473,14 +483,21 @@ class RunConfig:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
             raise ConfigError(f"config is not valid JSON: {exc}") from None
+        except RecursionError:
+            raise ConfigError("config is nested too deeply to be a config (a config is "
+                              "sections of flat values)") from None
         return cls.from_dict(data)
 
     @classmethod
     def from_file(cls, path: str | Path) -> RunConfig:
         try:
-            text = Path(path).read_text()
+            text = Path(path).read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"config file {shown(str(path))} is not UTF-8 text (byte "
+                              f"{exc.start}): save it as UTF-8 JSON") from None
         except OSError as exc:
-            raise ConfigError(f"cannot read config file {str(path)!r}: {exc.strerror}") from None
+            raise ConfigError(f"cannot read config file {shown(str(path))}: "
+                              f"{exc.strerror}") from None
         return cls.from_json(text)
 
     def with_overrides(self, values: Mapping[str, Any]) -> RunConfig:

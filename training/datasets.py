@@ -4,12 +4,19 @@ Every dataset is a tensorflow-datasets builder: the built-in offline ``digits``
 (``training/digits_builder.py``) or any tfds image-classification dataset (mnist,
 fashion_mnist, cifar10, ...). Staging prepares it once into
 ``<staging_dir>/<name>/<version>/`` and then writes ``staging-manifest.json`` last,
-listing every file with its size and SHA-256 and a content fingerprint. The staged
-dataset is keyed by name + version + fingerprint (``digits:1.0.0@3f2a...``).
+listing every file with its size and SHA-256 and a content fingerprint: the SHA-256
+of every file that training reads (the shards, ``features.json``, label files; all but
+tfds's ``dataset_info.json`` bookkeeping). The staged dataset is keyed by name +
+version + fingerprint (``digits:1.0.0@3f2a...``).
 
 * Staging again finds the manifest and prepares nothing (a cache hit, logged).
+* The first staging of ``name:version`` records its fingerprint in
+  ``<staging_dir>/<name>/<version>.fingerprint``; a later staging whose content gives
+  another fingerprint is refused (the data changed under the same name and version).
 * Training verifies every file against the manifest first; a changed byte is a
   ``DatasetError`` that names the file.
+* Preparing holds ``<staging_dir>/<name>/<version>.lock`` (``training.locks``); another
+  process staging the same dataset waits for it, up to ``STAGING_WAIT_S``.
 
 Sharding across workers is by data (``AutoShardPolicy.DATA``): every worker reads all
 files and keeps every N-th element, which works whatever the number of shards.
@@ -17,6 +24,7 @@ files and keeps every N-th element, which works whatever the number of shards.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import importlib
@@ -28,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from training.config import DatasetConfig
-from training.errors import ConfigError, DatasetError
+from training.errors import ConfigError, DatasetError, shown
 from training.storage import sha256_file
 
 log = logging.getLogger(__name__)
@@ -36,9 +44,12 @@ log = logging.getLogger(__name__)
 MANIFEST = "staging-manifest.json"
 # Offline datasets: name -> module whose import registers the builder.
 OFFLINE_BUILDERS = {"digits": "training.digits_builder"}
-# Files whose bytes define the dataset's content (dataset_info.json also holds
-# bookkeeping that tfds may rewrite, so it is checksummed but not fingerprinted).
-_CONTENT_SUFFIXES = (".tfrecord", ".array_record", "features.json")
+# dataset_info.json holds bookkeeping that tfds may rewrite, so it is checksummed but
+# not fingerprinted; every other file is content.
+_BOOKKEEPING = ("dataset_info.json",)
+STAGING_WAIT_S = 1800.0
+# 2: the fingerprint covers every content file (1 missed the shards; see stage()).
+MANIFEST_FORMAT = 2
 
 
 @dataclass(frozen=True)
@@ -73,6 +84,9 @@ def get_builder(name: str, version: str | None, staging_dir: str | os.PathLike) 
     spec = f"{name}:{version}" if version else name
     try:
         builder = tfds.builder(spec, data_dir=os.fspath(staging_dir))
+    except AssertionError as exc:  # tfds asserts on a version it does not have
+        raise ConfigError(f"dataset.version {version!r} is not available for {name!r}: "
+                          f"{str(exc).splitlines()[-1][-300:]}") from None
     except (tfds.core.registered.DatasetNotFoundError, ValueError) as exc:
         if version and name in tfds.list_builders(with_community_datasets=False):
             raise ConfigError(
@@ -122,38 +136,63 @@ def _manifest_entries(root: Path) -> list[dict[str, Any]]:
 
 
 def _fingerprint(entries: list[dict[str, Any]]) -> str:
-    content = [(e["path"], e["sha256"]) for e in entries if e["path"].endswith(_CONTENT_SUFFIXES)]
+    content = [(e["path"], e["sha256"]) for e in entries
+               if Path(e["path"]).name not in _BOOKKEEPING]
     return hashlib.sha256(json.dumps(content).encode()).hexdigest()[:16]
+
+
+def read_manifest(path: Path) -> dict[str, Any]:
+    """A staging manifest, checked: DatasetError (how to fix it) if it is unreadable."""
+    try:
+        manifest = json.loads(path.read_text())
+        entries = manifest["files"]
+        if not all(isinstance(e, dict) and {"path", "size", "sha256"} <= set(e) for e in entries):
+            raise ValueError("a file entry lacks path, size or sha256")
+        if (manifest.get("format") == MANIFEST_FORMAT
+                and _fingerprint(entries) != manifest["fingerprint"]):
+            raise ValueError("its fingerprint is not the one of the files it lists")
+        manifest["version"] = str(manifest["version"])
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
+        raise DatasetError(f"staging manifest {path} is corrupted ({shown(exc)}); delete "
+                           f"{path.parent} and stage again") from None
+    return manifest
+
+
+def _record_fingerprint(cfg_name: str, version_dir: Path, fingerprint: str) -> None:
+    """The first fingerprint of ``name:version`` is recorded; another one is refused."""
+    record = version_dir.with_name(version_dir.name + ".fingerprint")
+    try:
+        with open(record, "x") as out:  # create-only: the first staging records it
+            out.write(fingerprint + "\n")
+        return
+    except FileExistsError:
+        recorded = record.read_text().strip()
+    if recorded != fingerprint:
+        raise DatasetError(
+            f"dataset {cfg_name}:{version_dir.name} was staged before with fingerprint "
+            f"{recorded} ({record}); its files now give {fingerprint}: the content changed "
+            f"under the same name and version. Stage changed data under a new version; if "
+            f"the change is intended, delete {version_dir} and {record} first"
+        )
 
 
 def stage(cfg: DatasetConfig) -> StagedDataset:
     """Prepare the dataset once into the staging directory; a cache hit prepares nothing."""
+    from training.locks import claim
+
     builder = get_builder(cfg.name, cfg.version, cfg.staging_dir)
     version_dir = Path(builder.data_dir)
     manifest_path = version_dir / MANIFEST
-    if manifest_path.is_file():
-        manifest = json.loads(manifest_path.read_text())
-        log.info("staging %s: cache hit at %s (fingerprint %s), nothing prepared",
-                 cfg.name, version_dir, manifest["fingerprint"])
-    else:
-        log.info("staging %s: preparing into %s", cfg.name, version_dir)
-        import tensorflow_datasets as tfds
-
-        tfds.disable_progress_bar()  # progress bars flood task logs (stderr)
-        builder.download_and_prepare()
-        version_dir.mkdir(parents=True, exist_ok=True)
-        entries = _manifest_entries(version_dir)
-        manifest = {
-            "name": cfg.name,
-            "version": str(builder.version),
-            "fingerprint": _fingerprint(entries),
-            "files": entries,
-        }
-        tmp = manifest_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-        os.replace(tmp, manifest_path)  # the manifest, written last, marks it complete
-        log.info("staging %s: prepared %d files, fingerprint %s",
-                 cfg.name, len(entries), manifest["fingerprint"])
+    with claim(version_dir, f"staging directory {version_dir}", wait_s=STAGING_WAIT_S):
+        if manifest_path.is_file():
+            manifest = read_manifest(manifest_path)
+            if manifest.get("format") != MANIFEST_FORMAT:
+                manifest = _upgrade(cfg.name, version_dir, manifest)
+            log.info("staging %s: cache hit at %s (fingerprint %s), nothing prepared",
+                     cfg.name, version_dir, manifest["fingerprint"])
+        else:
+            manifest = _prepare(cfg, builder, version_dir)
+        _record_fingerprint(cfg.name, version_dir, manifest["fingerprint"])
     return StagedDataset(
         name=cfg.name,
         version=manifest["version"],
@@ -163,27 +202,83 @@ def stage(cfg: DatasetConfig) -> StagedDataset:
     )
 
 
+def _write_manifest(version_dir: Path, manifest: dict[str, Any]) -> None:
+    manifest_path = version_dir / MANIFEST
+    tmp = manifest_path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, manifest_path)  # the manifest, written last, marks it complete
+
+
+def _upgrade(name: str, version_dir: Path, manifest: dict[str, Any]) -> dict[str, Any]:
+    """A manifest of an older format: its files are checked against it, then its
+    fingerprint is computed the current way (a new key) and it is rewritten."""
+    _check_files(version_dir, manifest, f"dataset {name} at {version_dir}")
+    manifest = {**manifest, "format": MANIFEST_FORMAT,
+                "fingerprint": _fingerprint(manifest["files"])}
+    _write_manifest(version_dir, manifest)
+    log.info("staging %s: manifest upgraded to format %d, fingerprint %s", name,
+             MANIFEST_FORMAT, manifest["fingerprint"])
+    return manifest
+
+
+def _check_files(root: Path, manifest: dict[str, Any], what: str) -> None:
+    for entry in manifest["files"]:
+        path = root / entry["path"]
+        if not path.is_file():
+            raise DatasetError(f"staged file {path} is missing ({what})")
+        if path.stat().st_size != entry["size"] or sha256_file(path) != entry["sha256"]:
+            raise DatasetError(
+                f"staged file {path} is corrupted: its SHA-256 does not match the manifest "
+                f"({what}); delete {root} and stage again"
+            )
+
+
+def _prepare(cfg: DatasetConfig, builder: Any, version_dir: Path) -> dict[str, Any]:
+    """tfds's download_and_prepare, then the manifest, written last."""
+    import tensorflow_datasets as tfds
+
+    log.info("staging %s: preparing into %s", cfg.name, version_dir)
+    tfds.disable_progress_bar()  # progress bars flood task logs (stderr)
+    try:
+        builder.download_and_prepare()
+    except Exception as exc:  # no network, a bad checksum, a full disk: tfds raises many
+        import shutil
+
+        shutil.rmtree(version_dir, ignore_errors=True)  # no half-prepared files stay
+        downloads = Path(cfg.staging_dir) / "downloads"
+        for partial in downloads.rglob("*.tmp.*") if downloads.is_dir() else []:
+            with contextlib.suppress(OSError):  # tfds's unfinished downloads
+                shutil.rmtree(partial) if partial.is_dir() else partial.unlink()
+        raise DatasetError(f"cannot prepare dataset {cfg.name!r} into {version_dir}: "
+                           f"{type(exc).__name__}: {shown(exc)}") from exc
+    version_dir.mkdir(parents=True, exist_ok=True)
+    entries = _manifest_entries(version_dir)
+    manifest = {
+        "format": MANIFEST_FORMAT,
+        "name": cfg.name,
+        "version": str(builder.version),
+        "fingerprint": _fingerprint(entries),
+        "files": entries,
+    }
+    _write_manifest(version_dir, manifest)
+    log.info("staging %s: prepared %d files, fingerprint %s",
+             cfg.name, len(entries), manifest["fingerprint"])
+    return manifest
+
+
 def verify(staged: StagedDataset) -> None:
     """Check every staged file against the manifest; DatasetError names the first bad file."""
     root = Path(staged.path)
     manifest_path = root / MANIFEST
     if not manifest_path.is_file():
         raise DatasetError(f"dataset {staged.key} is not staged: {manifest_path} is missing")
-    manifest = json.loads(manifest_path.read_text())
+    manifest = read_manifest(manifest_path)
     if manifest["fingerprint"] != staged.fingerprint:
         raise DatasetError(
             f"dataset {staged.name} at {root} has fingerprint {manifest['fingerprint']}, "
             f"expected {staged.fingerprint}: it was re-staged with different content"
         )
-    for entry in manifest["files"]:
-        path = root / entry["path"]
-        if not path.is_file():
-            raise DatasetError(f"staged file {path} is missing (dataset {staged.key})")
-        if path.stat().st_size != entry["size"] or sha256_file(path) != entry["sha256"]:
-            raise DatasetError(
-                f"staged file {path} is corrupted: its SHA-256 does not match the manifest "
-                f"(dataset {staged.key}); delete {root} and stage again"
-            )
+    _check_files(root, manifest, f"dataset {staged.key}")
     log.info("dataset %s verified: %d files match the manifest", staged.key,
              len(manifest["files"]))
 

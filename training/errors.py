@@ -4,6 +4,15 @@ Every message names what was received and what is allowed, in the style of the
 Keras callbacks: ``epochs must be between 1 and 1000, got 0``.
 """
 
+from typing import Any
+
+
+def shown(value: Any, limit: int = 200) -> str:
+    """``repr(value)`` (the text, for an exception) cut to ``limit`` characters: error
+    messages echo what they received, but never an input of any length."""
+    text = str(value) if isinstance(value, BaseException) else repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
 
 class TrainingError(Exception):
     """Base class of every error this project raises on purpose."""
@@ -31,3 +40,7 @@ class IntegrityError(StorageError):
 
 class RegistryError(TrainingError):
     """A model registry operation was refused (bad name, unknown version, ...)."""
+
+
+class BusyError(TrainingError):
+    """A run or staging directory is claimed by another process that is still working."""

@@ -43,6 +43,8 @@ from typing import Any
 from training import compat, datasets, models
 from training.config import FitConfig, RunConfig
 from training.datasets import StagedDataset
+from training.errors import ConfigError
+from training.locks import claim
 from training.strategy import precision_policy, resolve, steps_per_execution
 
 log = logging.getLogger(__name__)
@@ -167,19 +169,64 @@ def _started_at(run_json: Path) -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
+TRAINED = "trained.json"  # in model/: written last, when the model is saved
+
+
+def already_trained(cfg: RunConfig) -> TrainResult | None:
+    """The finished training of this run, if there is one; ConfigError if the run
+    directory holds a model trained with settings that change the model."""
+    out = model_dir(cfg.run_dir())
+    if not (out / TRAINED).is_file():
+        return None
+    try:
+        done = json.loads((out / TRAINED).read_text())
+        result = TrainResult(**done["result"])
+        fingerprint = done["config_fingerprint"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"{out / TRAINED} is unreadable ({exc}); the run directory "
+                          f"{cfg.run_dir()} is damaged: use a new run id") from None
+    if fingerprint != cfg.fingerprint():
+        raise ConfigError(
+            f"run {cfg.run_id} was already trained with other settings (config fingerprint "
+            f"{fingerprint}, these give {cfg.fingerprint()}; see {out / 'config.json'}): "
+            "a finished run is never retrained; use a new run id")
+    return result
+
+
 def train(cfg: RunConfig, staged: StagedDataset, *, extra_callbacks: Sequence[Any] = (),
           **resolve_kwargs: Any) -> TrainResult:
     """Fit the configured model on a staged dataset; write the outputs (chief only).
 
+    A run that finished training (``model/trained.json``) is not trained again: the
+    result is returned as it was. The chief holds the run directory's claim
+    (``training.locks``) while it trains.
+
     ``extra_callbacks`` run after the project's own (the launcher's weights report, the
     benchmarks' timers).
     """
+    done = already_trained(cfg)  # every worker, before any strategy exists
+    if done is not None:
+        log.info("run %s is already trained (%d epochs, best epoch %s): nothing to do; "
+                 "its model stays at %s", cfg.run_id, done.epochs_run, done.best_epoch,
+                 done.model_path)
+        return done
+    import keras
+
+    keras.utils.set_random_seed(cfg.fit.seed)
+    resolved = resolve(cfg, **resolve_kwargs)
+    if not resolved.is_chief:
+        return _train(cfg, staged, resolved, extra_callbacks)
+    with claim(cfg.run_dir(), f"run directory {cfg.run_dir()} (run {cfg.run_id})"):
+        done = already_trained(cfg)  # finished while we waited for the claim
+        return done if done is not None else _train(cfg, staged, resolved, extra_callbacks)
+
+
+def _train(cfg: RunConfig, staged: StagedDataset, resolved: Any,
+           extra_callbacks: Sequence[Any]) -> TrainResult:
     import keras
 
     from training import resume
 
-    keras.utils.set_random_seed(cfg.fit.seed)
-    resolved = resolve(cfg, **resolve_kwargs)
     compat.apply(resolved.strategy)  # Keras 3 under MultiWorkerMirroredStrategy; else no-op
     # ``auto`` depends on the strategy found (bfloat16 on TPU); set before the model.
     keras.mixed_precision.set_global_policy(
@@ -240,14 +287,8 @@ def train(cfg: RunConfig, staged: StagedDataset, *, extra_callbacks: Sequence[An
     if saved_model_path.exists():
         shutil.rmtree(saved_model_path)  # a retry replaces a half-written export
     model.export(os.fspath(saved_model_path), format="tf_saved_model", verbose=False)
-    shutil.rmtree(run_dir / "backup", ignore_errors=True)  # the model is saved: done
-    if not resolved.is_chief:
-        shutil.rmtree(run_dir, ignore_errors=True)
-        run_dir = final_dir
     es = summary["early_stopping"]
-    log.info("trained %d epochs (best epoch %s); model at %s", len(summary["epochs"]),
-             es["best_epoch"], model_dir(final_dir) / "model.keras")
-    return TrainResult(
+    result = TrainResult(
         run_dir=os.fspath(final_dir),
         model_path=os.fspath(model_dir(final_dir) / "model.keras"),
         saved_model_path=os.fspath(model_dir(final_dir) / "saved_model"),
@@ -255,3 +296,15 @@ def train(cfg: RunConfig, staged: StagedDataset, *, extra_callbacks: Sequence[An
         best_epoch=es["best_epoch"],
         stopped_epoch=es["stopped_epoch"],
     )
+    if resolved.is_chief:  # written last: the run is trained
+        marker = out / TRAINED
+        tmp = marker.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"config_fingerprint": cfg.fingerprint(),
+                                   "result": result.to_dict()}, indent=2) + "\n")
+        os.replace(tmp, marker)
+    shutil.rmtree(run_dir / "backup", ignore_errors=True)  # the model is saved: done
+    if not resolved.is_chief:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    log.info("trained %d epochs (best epoch %s); model at %s", result.epochs_run,
+             es["best_epoch"], result.model_path)
+    return result

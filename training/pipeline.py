@@ -22,9 +22,10 @@ from typing import Any
 from training import datasets
 from training.config import RunConfig
 from training.datasets import StagedDataset
-from training.errors import RegistryError
+from training.errors import RegistryError, shown
 from training.evaluate import evaluate_model
 from training.fit import model_dir
+from training.locks import claim
 from training.promotion import PromotionPolicy, decide
 from training.registry import ModelRegistry
 from training.storage import S3Options, open_store
@@ -47,9 +48,20 @@ def _test_split(staged: StagedDataset, seed: int) -> Any:
 
 
 def _load(path: str | Path) -> Any:
+    """The run's own model, loaded as every model is: ``safe_mode=True``."""
     import keras
 
-    return keras.saving.load_model(path, safe_mode=True)
+    try:
+        return keras.saving.load_model(path, safe_mode=True)
+    except FileNotFoundError:
+        raise RegistryError(f"the run has no trained model at {path}: train it first") from None
+    except Exception as exc:
+        unsafe = "safe_mode" in str(exc)
+        raise RegistryError(
+            f"the run's model {path} " + ("was refused by Keras safe_mode (it carries code, "
+                                          "such as a Lambda layer)" if unsafe else
+                                          f"cannot be loaded ({type(exc).__name__})")
+            + f": {shown(exc)}") from exc
 
 
 def evaluate(cfg: RunConfig, staged: StagedDataset, registry: ModelRegistry) -> dict[str, Any]:
@@ -58,6 +70,11 @@ def evaluate(cfg: RunConfig, staged: StagedDataset, registry: ModelRegistry) -> 
     Writes ``evaluation.json`` into the model directory (so it is published with the
     version) and returns it. A model that is not promoted always says why.
     """
+    with claim(cfg.run_dir(), f"run directory {cfg.run_dir()} (run {cfg.run_id})"):
+        return _evaluate(cfg, staged, registry)
+
+
+def _evaluate(cfg: RunConfig, staged: StagedDataset, registry: ModelRegistry) -> dict[str, Any]:
     out = model_dir(cfg.run_dir())
     name = cfg.model_name
     published = published_evaluation(cfg, registry)
@@ -106,7 +123,15 @@ def evaluate(cfg: RunConfig, staged: StagedDataset, registry: ModelRegistry) -> 
 
 
 def read_evaluation(cfg: RunConfig) -> dict[str, Any]:
-    return json.loads((model_dir(cfg.run_dir()) / EVALUATION).read_text())
+    path = model_dir(cfg.run_dir()) / EVALUATION
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise RegistryError(f"run {cfg.run_id} has no evaluation ({path}): evaluate it "
+                            "before publishing") from None
+    except (OSError, ValueError) as exc:
+        raise RegistryError(f"the evaluation of run {cfg.run_id} ({path}) is unreadable "
+                            f"({shown(exc)}): evaluate it again") from None
 
 
 def published_evaluation(cfg: RunConfig, registry: ModelRegistry) -> dict[str, Any] | None:
@@ -127,11 +152,12 @@ def publish(cfg: RunConfig, registry: ModelRegistry, *, created: str,
     started), never the clock at upload, so a retry writes the same manifest.
     ``source`` names what produced the version (the Airflow DAG run and its URL).
     """
-    evaluation = read_evaluation(cfg)
-    metrics = {k: evaluation["challenger"][k] for k in ("accuracy", "loss", "macro_f1")}
-    manifest = registry.publish(cfg.model_name, cfg.run_id, model_dir(cfg.run_dir()),
-                                run_id=cfg.run_id, created=created, metrics=metrics,
-                                source=source)
+    with claim(cfg.run_dir(), f"run directory {cfg.run_dir()} (run {cfg.run_id})"):
+        evaluation = read_evaluation(cfg)
+        metrics = {k: evaluation["challenger"][k] for k in ("accuracy", "loss", "macro_f1")}
+        manifest = registry.publish(cfg.model_name, cfg.run_id, model_dir(cfg.run_dir()),
+                                    run_id=cfg.run_id, created=created, metrics=metrics,
+                                    source=source, max_bytes=cfg.storage.max_version_mb << 20)
     summary = {"model_name": cfg.model_name, "version": cfg.run_id,
                "store_uri": cfg.storage.store_uri, "files": len(manifest["files"]),
                "metrics": manifest["metrics"]}
@@ -168,8 +194,12 @@ def promote(cfg: RunConfig, registry: ModelRegistry, *, at: str) -> dict[str, An
 
 def started_at(cfg: RunConfig) -> str:
     """When the run's training started, as recorded in ``run.json`` (ISO 8601)."""
-    run = json.loads((model_dir(cfg.run_dir()) / "run.json").read_text())
-    return run["started_at"]
+    path = model_dir(cfg.run_dir()) / "run.json"
+    try:
+        return json.loads(path.read_text())["started_at"]
+    except (OSError, ValueError, KeyError) as exc:
+        raise RegistryError(f"run {cfg.run_id} has no readable {path} ({shown(exc)}): train "
+                            "it before publishing") from None
 
 
 def artifact_paths(cfg: RunConfig) -> dict[str, str]:

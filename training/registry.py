@@ -22,6 +22,7 @@ Names and versions must match ``NAME_PATTERN`` and must not contain ``..``.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -30,7 +31,7 @@ from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from training.errors import ConflictError, IntegrityError, RegistryError, StorageError
+from training.errors import ConflictError, IntegrityError, RegistryError, StorageError, shown
 from training.storage import Store, sha256_file
 
 __all__ = ["MANIFEST", "NAME_PATTERN", "ModelRegistry", "validate_name"]
@@ -43,9 +44,10 @@ _NAME_RE = re.compile(NAME_PATTERN)
 
 def validate_name(field: str, value: Any) -> str:
     """Return ``value`` if it is a valid model name or version id, else RegistryError."""
-    if not isinstance(value, str) or not _NAME_RE.match(value) or ".." in value:
+    if not isinstance(value, str) or not _NAME_RE.fullmatch(value) or ".." in value:
         raise RegistryError(
-            f"{field} must match {NAME_PATTERN} and must not contain '..', got {value!r}"
+            f"{field} must be 1 to 128 letters, digits, '.', '_' or '-', starting with a "
+            f"letter or digit, without '..', got {shown(value)}"
         )
     return value
 
@@ -65,11 +67,21 @@ def _dump(obj: Any) -> bytes:
     return (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode()
 
 
+def _pointer_sum(pointer: dict[str, Any]) -> str:
+    """SHA-256 of a pointer's canonical JSON (without its own ``sha256`` field)."""
+    return hashlib.sha256(_dump(pointer)).hexdigest()
+
+
 class ModelRegistry:
     """Versions, manifests, the production pointer and rollback for named models."""
 
-    def __init__(self, store: Store):
+    def __init__(self, store: Store, *, check_model: bool = True):
+        """``check_model``: promotion loads the version's model with Keras
+        (``safe_mode=True``) and runs it on a few inputs of its shape before the pointer
+        moves (``check_runs``). Only tests of the pointer itself, on stores of fake
+        files, turn it off."""
         self.store = store
+        self.check_model = check_model
 
     def __repr__(self) -> str:
         return f"ModelRegistry({self.store!r})"
@@ -113,6 +125,7 @@ class ModelRegistry:
         created: str,
         metrics: dict[str, Any] | None = None,
         source: dict[str, str] | None = None,
+        max_bytes: int | None = None,
     ) -> dict[str, Any]:
         """Upload ``local_dir`` as version ``version`` of model ``name``; return the manifest.
 
@@ -137,6 +150,14 @@ class ModelRegistry:
             ) from None
         root = Path(local_dir)
         files = self._scan(root)
+        total = sum(f["size"] for f in files)
+        if max_bytes is not None and total > max_bytes:
+            largest = ", ".join(f"{f['path']} {f['size'] / 2**20:.1f} MiB" for f in
+                                sorted(files, key=lambda f: -f["size"])[:3])
+            raise RegistryError(
+                f"model {name!r} version {version!r} is {total / 2**20:.1f} MiB, over the "
+                f"limit of {max_bytes / 2**20:.0f} MiB (max_version_mb); largest files: "
+                f"{largest}")
         prefix = self._version_prefix(name, version)
 
         existing = self._read_manifest(name, version)
@@ -235,11 +256,12 @@ class ModelRegistry:
         return manifest
 
     def list_models(self) -> list[str]:
-        """Names of models with at least one complete version, sorted."""
+        """Names of models with a complete version or a production pointer, sorted."""
         names = set()
         for key in self.store.list("models/"):
             parts = key.split("/")
-            if len(parts) == 5 and parts[2] == "versions" and parts[4] == MANIFEST:
+            if (len(parts) == 5 and parts[2] == "versions" and parts[4] == MANIFEST) or (
+                    len(parts) == 3 and parts[2] == "production.json"):
                 names.add(parts[1])
         return sorted(names)
 
@@ -298,12 +320,44 @@ class ModelRegistry:
             return keras.saving.load_model(path, safe_mode=True)
         except ValueError as exc:
             if "safe_mode" not in str(exc):
-                raise
+                raise RegistryError(f"model {name!r} version {version!r} file {filename!r} "
+                                    f"cannot be loaded by Keras: {shown(exc)}") from exc
             raise RegistryError(
                 f"model {name!r} version {version!r} file {filename!r} was refused by Keras "
                 f"safe_mode (it carries code, such as a Lambda layer, that loading would run): "
-                f"{exc}"
+                f"{shown(exc)}"
             ) from exc
+        except Exception as exc:  # a truncated or foreign file: Keras raises many kinds
+            raise RegistryError(f"model {name!r} version {version!r} file {filename!r} "
+                                f"cannot be loaded by Keras: {type(exc).__name__}: "
+                                f"{shown(exc)}") from exc
+
+    def check_runs(self, name: str, version: str, examples: int = 2) -> dict[str, Any]:
+        """Download and verify a version, load its model with ``safe_mode=True`` and run it
+        on ``examples`` inputs of its input shape (zeros, the model's dtype); RegistryError
+        unless every output is finite with one row per input. Returns what was seen."""
+        import numpy as np
+
+        with tempfile.TemporaryDirectory(prefix="check-") as tmp:
+            model = self.load_model(name, version, tmp)
+            shape = tuple(model.input_shape)[1:]
+            if not shape or any(d is None for d in shape):
+                raise RegistryError(f"model {name!r} version {version!r} has no fixed input "
+                                    f"shape to check it with, got {model.input_shape}")
+            dtype = getattr(model.inputs[0], "dtype", "float32")
+            inputs = np.zeros((examples, *shape), dtype=str(dtype))
+            try:
+                outputs = np.asarray(model.predict(inputs, verbose=0))
+            except Exception as exc:
+                raise RegistryError(f"model {name!r} version {version!r} fails on inputs of "
+                                    f"its own shape {shape}: {type(exc).__name__}: "
+                                    f"{shown(exc)}") from exc
+        finite = bool(np.all(np.isfinite(outputs)))
+        if outputs.shape[:1] != (examples,) or not finite:
+            raise RegistryError(f"model {name!r} version {version!r} gives unusable outputs "
+                                f"(shape {outputs.shape}, all finite: {finite}) for {examples} "
+                                f"inputs of shape {shape}")
+        return {"input_shape": list(shape), "output_shape": list(outputs.shape)}
 
     def download(self, name: str, version: str, dest_dir: str | os.PathLike[str]) -> str:
         """Copy every file of a complete version into ``dest_dir``, checking each against
@@ -337,12 +391,28 @@ class ModelRegistry:
         found = self.store.get_with_etag(self._pointer_key(name))
         if found is None:
             return None, None
+        key = f"{self.store.uri}/{self._pointer_key(name)}"
         try:
-            return json.loads(found[0]), found[1]
+            pointer = json.loads(found[0])
         except ValueError as exc:
             raise IntegrityError(
-                f"production pointer of model {name!r} is not valid JSON: {exc}"
+                f"production pointer of model {name!r} ({key}) is not valid JSON: {exc}; "
+                "restore it from the store's versioning, or roll back to a version"
             ) from exc
+        if (not isinstance(pointer, dict) or not isinstance(pointer.get("version"), str)
+                or not isinstance(pointer.get("history"), list)):
+            raise IntegrityError(
+                f"production pointer of model {name!r} ({key}) is not a pointer: expected an "
+                f"object with 'version' and 'history', got {shown(pointer)}; restore it, or "
+                "roll back to a version"
+            )
+        recorded = pointer.pop("sha256", None)  # pointers written before it carry none
+        if recorded is not None and recorded != _pointer_sum(pointer):
+            raise IntegrityError(
+                f"production pointer of model {name!r} ({key}) does not match its SHA-256 "
+                "(changed outside the registry); restore it, or roll back to a version"
+            )
+        return pointer, found[1]
 
     def production(self, name: str) -> str | None:
         """The version in production, or None before the first promotion."""
@@ -395,9 +465,16 @@ class ModelRegistry:
                 "decide again"
             )
         try:
-            self.verify(name, version)
+            if self.check_model:
+                self.check_runs(name, version)  # downloads and verifies every file first
+            else:
+                self.verify(name, version)
         except IntegrityError as exc:
             raise IntegrityError(
+                f"refusing to promote model {name!r} version {version!r}: {exc}"
+            ) from exc
+        except RegistryError as exc:
+            raise RegistryError(
                 f"refusing to promote model {name!r} version {version!r}: {exc}"
             ) from exc
         record = {
@@ -417,11 +494,12 @@ class ModelRegistry:
             "history": [*(pointer["history"] if pointer else []), record],
         }
         key = self._pointer_key(name)
+        body = _dump({**new, "sha256": _pointer_sum(new)})  # verified on every read
         try:
             if etag is None:
-                self.store.put_bytes(key, _dump(new), if_none_match=True)
+                self.store.put_bytes(key, body, if_none_match=True)
             else:
-                self.store.put_bytes(key, _dump(new), if_match=etag)
+                self.store.put_bytes(key, body, if_match=etag)
         except ConflictError as exc:
             raise ConflictError(
                 f"promotion of model {name!r} to {version!r} lost a race: production "

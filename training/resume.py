@@ -430,10 +430,32 @@ class ResumableBackup(keras.callbacks.BackupAndRestore):
                         backup_dir=self.backup_dir)
 
 
+SIGTERM_GRACE_S = 60.0  # after SIGTERM, the longest wait for the end of a batch
+
+
+def _exit_if_stuck(read_fd: int, grace_s: float) -> None:
+    """Watchdog thread: Python runs a signal handler only when the main thread comes back
+    to the interpreter, which a step stuck in TensorFlow (an all-reduce that never
+    completes) never does. The C-level handler still writes the signal to the wakeup
+    descriptor; after ``grace_s`` more seconds the process exits with 143 anyway."""
+    with open(read_fd, "rb", buffering=0) as wakeups:
+        while data := wakeups.read(64):
+            if signal.SIGTERM not in data:
+                continue
+            time.sleep(grace_s)
+            log.error("SIGTERM %.0f s ago and training has not reached the end of a batch "
+                      "(a step is stuck, e.g. waiting for an all-reduce): exiting without "
+                      "a backup", grace_s)
+            logging.shutdown()
+            os._exit(143)
+
+
 @contextlib.contextmanager
-def stop_on_sigterm(backup: ResumableBackup, *, enabled: bool = True) -> Iterator[None]:
+def stop_on_sigterm(backup: ResumableBackup, *, enabled: bool = True,
+                    grace_s: float = SIGTERM_GRACE_S) -> Iterator[None]:
     """While the block runs, SIGTERM makes ``backup`` stop training at the end of the
-    current batch with a backup and ``Preempted`` (exit status 143).
+    current batch with a backup and ``Preempted`` (exit status 143); if no batch ends
+    within ``grace_s`` seconds (a stuck step), the process exits 143 without a backup.
 
     Not installed when ``enabled`` is false (several workers: see the module docstring)
     or outside the main thread (Python only delivers signals there). The previous
@@ -452,9 +474,16 @@ def stop_on_sigterm(backup: ResumableBackup, *, enabled: bool = True) -> Iterato
 
     backup.stop_signal = None
     previous = signal.signal(signal.SIGTERM, handle)
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    previous_fd = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+    threading.Thread(target=_exit_if_stuck, args=(read_fd, grace_s), daemon=True,
+                     name="sigterm-watchdog").start()
     try:
         yield
     finally:  # None: a handler not set from Python, which cannot be put back
+        signal.set_wakeup_fd(previous_fd)
+        os.close(write_fd)  # the watchdog sees EOF and ends
         signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
     if backup.stop_signal is not None:
         log.warning("SIGTERM arrived after the last batch; handing it on")

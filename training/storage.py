@@ -154,6 +154,12 @@ class Store(ABC):
 # --------------------------------------------------------------------------- local
 
 
+def _remove(path: str | None) -> None:
+    if path is not None:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+
+
 class FileStore(Store):
     """A local directory. Keys are files below ``root``.
 
@@ -222,6 +228,7 @@ class FileStore(Store):
         if if_none_match and if_match is not None:
             raise StorageError("put_bytes takes if_none_match or if_match, not both")
         path = self._path(key)
+        tmp = None
         try:
             fd, tmp = self._tempfile(path.parent)
             with os.fdopen(fd, "wb") as handle:
@@ -230,6 +237,7 @@ class FileStore(Store):
                 os.fsync(handle.fileno())
             self._commit(tmp, path, key, if_none_match=if_none_match, if_match=if_match)
         except OSError as exc:
+            _remove(tmp)  # a full disk leaves no hidden temporary file behind
             raise StorageError(f"cannot write {key!r} in {self.uri}: {exc}") from exc
         return _sha256_hex(data)
 
@@ -251,6 +259,7 @@ class FileStore(Store):
 
     def put_file(self, key: str, local_path: str | os.PathLike[str]) -> None:
         path = self._path(key)
+        tmp = None
         try:
             fd, tmp = self._tempfile(path.parent)
             with os.fdopen(fd, "wb") as out, open(local_path, "rb") as src:
@@ -260,6 +269,7 @@ class FileStore(Store):
                 os.fsync(out.fileno())
             self._commit(tmp, path, key, if_none_match=False, if_match=None)
         except OSError as exc:
+            _remove(tmp)  # a full disk leaves no hidden temporary file behind
             raise StorageError(
                 f"cannot upload {local_path} to {key!r} in {self.uri}: {exc}"
             ) from exc

@@ -17,12 +17,13 @@ import json
 import logging
 import math
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from training.config import RunConfig, RuntimeConfig
-from training.errors import ConfigError
+from training.errors import ConfigError, shown
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +59,32 @@ def choose_kind(requested: str, *, tpu_available: bool, workers_in_tf_config: in
     if gpus > 1:
         return "mirrored"
     return "one_device"
+
+
+_LOCAL_DEVICE = re.compile(r"/?(?:device:)?(cpu|gpu|tpu):(\d+)", re.IGNORECASE)
+
+
+def check_devices(asked: list[str], available: list[str]) -> None:
+    """ConfigError unless every device asked for exists here, once each (a device that
+    does not exist would leave MirroredStrategy waiting for ever at the first step)."""
+    have = {}
+    for name in available:  # TF's logical names: /device:CPU:0, /job:localhost/.../GPU:0
+        found = _LOCAL_DEVICE.search(name.rsplit("/", 1)[-1] if "/job:" in name else name)
+        if found:
+            have[(found[1].upper(), int(found[2]))] = name
+    seen = set()
+    for device in asked:
+        local = _LOCAL_DEVICE.fullmatch(device)
+        if local is None:  # /job:... names a device of a cluster: TF checks it
+            continue
+        key = (local[1].upper(), int(local[2]))
+        if key in seen:
+            raise ConfigError(f"runtime.devices names {device} twice, got {asked}")
+        seen.add(key)
+        if key not in have:
+            shown_have = ", ".join(f"/{t.lower()}:{i}" for t, i in sorted(have)) or "none"
+            raise ConfigError(f"runtime.devices asks for {device}, which this machine does "
+                              f"not have; it has: {shown_have}")
 
 
 def select_devices(runtime: RuntimeConfig, gpu_names: list[str]) -> list[str]:
@@ -149,14 +176,15 @@ def resolve(
     ):
         try:
             resolver = tpu_resolver(runtime.tpu)
-        except (ValueError, RuntimeError) as exc:
+        except Exception as exc:  # ValueError, RuntimeError, URLError from the metadata server
             if runtime.strategy == "tpu":
                 raise ConfigError(
                     f"runtime.strategy is 'tpu' but no TPU answered for runtime.tpu="
-                    f"{runtime.tpu!r}: {exc}"
+                    f"{runtime.tpu!r}: {type(exc).__name__}: {shown(exc)}"
                 ) from None
             log.info("no TPU answered (%s); looking for other devices", exc)
     gpu_names = [f"/gpu:{i}" for i in range(len(tf.config.list_physical_devices("GPU")))]
+    check_devices(list(runtime.devices), [d.name for d in tf.config.list_logical_devices()])
     devices = select_devices(runtime, gpu_names)
     kind = choose_kind(
         runtime.strategy,
@@ -167,7 +195,10 @@ def resolve(
     if kind == "tpu":
         strategy = _tpu_strategy(resolver, runtime.tpu)
     elif kind == "multi_worker":
-        strategy = tf.distribute.MultiWorkerMirroredStrategy()
+        timeout = runtime.collective_timeout_s or None  # a peer that never answers
+        strategy = tf.distribute.MultiWorkerMirroredStrategy(
+            communication_options=tf.distribute.experimental.CommunicationOptions(
+                timeout_seconds=timeout))
     elif kind == "mirrored":
         strategy = tf.distribute.MirroredStrategy(devices=devices)
     else:

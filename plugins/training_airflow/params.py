@@ -28,7 +28,9 @@ task runs:
 - ``TRAINING_STORE_URI``: the model store, ``s3://bucket/prefix`` or a path (default
   ``<data dir>/store``);
 - ``TRAINING_AWS_CONN_ID``: the Airflow connection for an ``s3://`` store (default
-  ``aws_default``).
+  ``aws_default``);
+- ``TRAINING_MAX_VERSION_MB``: the largest version the registry accepts (default
+  10240).
 """
 
 from __future__ import annotations
@@ -114,15 +116,22 @@ def dag_params() -> dict[str, Param]:
     return {spec.key: _param(spec) for spec in form_fields()}
 
 
-def deployment_settings(env: Mapping[str, str] = os.environ) -> dict[str, str]:
-    """The deployment's paths and store, from the environment (see the module doc)."""
+def deployment_settings(env: Mapping[str, str] = os.environ) -> dict[str, Any]:
+    """The deployment's paths, store and limits, from the environment (module doc)."""
     home = Path(env.get("AIRFLOW_HOME", Path.home() / "airflow"))
     data = Path(env.get("TRAINING_DATA_DIR", home / "training"))
-    return {
+    settings: dict[str, Any] = {
         "staging_dir": env.get("TRAINING_STAGING_DIR", os.fspath(data / "datasets")),
         "output_dir": env.get("TRAINING_OUTPUT_DIR", os.fspath(data / "runs")),
         "store_uri": env.get("TRAINING_STORE_URI", os.fspath(data / "store")),
     }
+    if env.get("TRAINING_MAX_VERSION_MB"):
+        try:
+            settings["max_version_mb"] = int(env["TRAINING_MAX_VERSION_MB"])
+        except ValueError:
+            raise ConfigError("TRAINING_MAX_VERSION_MB must be a whole number of MiB, got "
+                              f"{env['TRAINING_MAX_VERSION_MB']!r}") from None
+    return settings
 
 
 def aws_conn_id(env: Mapping[str, str] = os.environ) -> str:

@@ -46,6 +46,7 @@ from typing import Any, TextIO
 
 from training.config import RunConfig
 from training.errors import ConfigError, TrainingError
+from training.locks import claimed_env
 
 log = logging.getLogger(__name__)
 
@@ -183,6 +184,7 @@ def run(
     out = out or sys.stdout
     base_env = dict(os.environ if env is None else env)
     base_env.pop("TF_CONFIG", None)
+    base_env.update(claimed_env())  # the workers work under this process's run claim
     base_env.setdefault("PYTHONUNBUFFERED", "1")
     base_env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     if cfg.runtime.accelerator == "cpu":
