@@ -123,11 +123,11 @@ def test_tensorboard_serves_the_published_versions(clone: Path):
             with contextlib.suppress(OSError, ValueError):
                 with urllib.request.urlopen("http://127.0.0.1:6006/data/runs", timeout=5) as r:
                     runs = json.loads(r.read())
-                if {f"{v}/train" for v in versions} <= set(runs):
+                if {f"{v}/tensorboard/train" for v in versions} <= set(runs):
                     break
             time.sleep(1.0)
-        assert {f"{v}/train" for v in versions} <= set(runs), runs
-        assert {f"{v}/validation" for v in versions} <= set(runs), runs
+        assert {f"{v}/tensorboard/train" for v in versions} <= set(runs), runs
+        assert {f"{v}/tensorboard/validation" for v in versions} <= set(runs), runs
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(server.pid, signal.SIGTERM)

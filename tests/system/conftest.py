@@ -25,9 +25,11 @@ def dev_airflow(tmp_path_factory: pytest.TempPathFactory):
         save_logs(stack)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser():
-    """Debian's Chromium through Playwright (nothing downloaded at run time)."""
+    """Debian's Chromium through Playwright (nothing downloaded at run time). Module
+    scope: Playwright's sync API runs an event loop that must be gone before other
+    modules use asyncio or Playwright themselves."""
     if not Path(CHROMIUM).exists():
         pytest.skip(f"no Chromium at {CHROMIUM} (./dev test installs Debian's package)")
     from playwright.sync_api import sync_playwright

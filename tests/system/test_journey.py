@@ -44,13 +44,13 @@ def log_in(page: Any, stack: Any) -> None:
     page.get_by_label("Username").fill(USER)
     page.get_by_label("Password").fill(stack.password)
     page.get_by_role("button", name="Sign in").click()
-    expect(page.get_by_role("link", name="Dags")).to_be_visible(timeout=30_000)
+    expect(page.get_by_role("link", name="Dags", exact=True)).to_be_visible(timeout=30_000)
 
 
 def open_dag(page: Any) -> None:
     from playwright.sync_api import expect
 
-    page.get_by_role("link", name="Dags").click()
+    page.get_by_role("link", name="Dags", exact=True).click()
     expect(page.get_by_text("1 Dag")).to_be_visible()
     page.get_by_role("link", name=DAG_ID, exact=True).first.click()
     expect(page).to_have_url(re.compile(rf"/dags/{DAG_ID}$"))

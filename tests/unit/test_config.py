@@ -19,8 +19,8 @@ from training.errors import ConfigError
         ({"epochs": True}, "got True (bool)"),
         ({"restore_best_weights": "yes"}, "fit.restore_best_weights must be a bool"),
         ({"devices": ["gpu0"]}, "runtime.devices must hold device names like /gpu:0"),
-        ({"dataset": "../etc"}, "dataset.name must be a string matching"),
-        ({"run_id": "a/b"}, "storage.run_id must be a string matching"),
+        ({"dataset": "../etc"}, "dataset.name must be a dataset name: lower-case letters"),
+        ({"run_id": "a/b"}, "storage.run_id must be empty, or a run id of 1 to 128 letters"),
         ({"validation_fraction": 0.9}, "dataset.validation_fraction must be greater than 0.0"
                                         " and at most 0.5, got 0.9"),
     ],
@@ -32,7 +32,8 @@ def test_bad_values_name_field_value_and_allowed(overrides, message):
 
 
 def test_unknown_keys_are_rejected_flat_nested_and_by_section():
-    with pytest.raises(ConfigError, match="unknown config key 'epoch'; allowed: .*epochs"):
+    with pytest.raises(ConfigError, match=r"unknown config key 'epoch' \(did you mean "
+                                          r"'epochs'\?\); allowed: .*epochs"):
         RunConfig.from_flat({"epoch": 3})
     with pytest.raises(ConfigError, match=r"unknown config key fit.epoch; allowed: epochs"):
         RunConfig.from_dict({"fit": {"epoch": 3}})
