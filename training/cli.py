@@ -19,7 +19,7 @@ from typing import Any
 
 from training.config import SECTIONS, FieldSpec, RunConfig, flat_fields, json_schema
 from training.errors import ConfigError, TrainingError, shown
-from training.locks import claim
+from training.locks import claim_run
 
 log = logging.getLogger("training")
 
@@ -128,7 +128,7 @@ def load_config(args: argparse.Namespace) -> RunConfig:
 
 
 def _stage(cfg: RunConfig):
-    from training import datasets
+    from training import datasets  # heavy (tfds): after the config is valid
 
     staged = datasets.stage(cfg.dataset)
     print(json.dumps({"staged": staged.to_dict()}))
@@ -144,22 +144,22 @@ def execute(args: argparse.Namespace) -> int:
         _check_models_args(args)
         return _models(args)
     cfg = load_config(args)
-    if args.command == "stage" or os.environ.get("TF_CONFIG"):
-        # A worker of a multi-worker run: its launcher (or the Kubernetes Job's stable
-        # name) holds the run; fit.train claims it again in the chief.
-        return _execute(args, cfg)
-    with claim(cfg.run_dir(), f"run directory {cfg.run_dir()} (run {cfg.run_id})"):
-        return _execute(args, cfg)
-
-
-def _execute(args: argparse.Namespace, cfg: RunConfig) -> int:
     log.info("%s run %s: configuration valid; loading TensorFlow and tensorflow-datasets",
              args.command, cfg.run_id)
-    from training import pipeline  # heavy (tfds): after the config is valid
-
     staged = _stage(cfg)  # resolves the dataset name before anything is written
     if args.command == "stage":
         return 0
+    if os.environ.get("TF_CONFIG"):
+        # A worker of a multi-worker run: its launcher (or the Kubernetes Job's stable
+        # name) holds the run; fit.train claims it again in the chief.
+        return _run_steps(args, cfg, staged)
+    with claim_run(cfg.run_dir(), cfg.run_id):  # one process per run directory
+        return _run_steps(args, cfg, staged)
+
+
+def _run_steps(args: argparse.Namespace, cfg: RunConfig, staged: Any) -> int:
+    from training import pipeline
+
     if args.command in ("train", "run"):
         if cfg.runtime.workers > 1 and not os.environ.get("TF_CONFIG"):
             from training.launch import local  # N worker processes on this host

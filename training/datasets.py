@@ -183,7 +183,8 @@ def stage(cfg: DatasetConfig) -> StagedDataset:
     builder = get_builder(cfg.name, cfg.version, cfg.staging_dir)
     version_dir = Path(builder.data_dir)
     manifest_path = version_dir / MANIFEST
-    with claim(version_dir, f"staging directory {version_dir}", wait_s=STAGING_WAIT_S):
+    lock = version_dir.with_name(version_dir.name + ".lock")
+    with claim(lock, f"staging directory {version_dir}", wait_s=STAGING_WAIT_S):
         if manifest_path.is_file():
             manifest = read_manifest(manifest_path)
             if manifest.get("format") != MANIFEST_FORMAT:

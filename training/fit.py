@@ -44,7 +44,7 @@ from training import compat, datasets, models
 from training.config import FitConfig, RunConfig
 from training.datasets import StagedDataset
 from training.errors import ConfigError
-from training.locks import claim
+from training.locks import claim_run
 from training.strategy import precision_policy, resolve, steps_per_execution
 
 log = logging.getLogger(__name__)
@@ -216,7 +216,7 @@ def train(cfg: RunConfig, staged: StagedDataset, *, extra_callbacks: Sequence[An
     resolved = resolve(cfg, **resolve_kwargs)
     if not resolved.is_chief:
         return _train(cfg, staged, resolved, extra_callbacks)
-    with claim(cfg.run_dir(), f"run directory {cfg.run_dir()} (run {cfg.run_id})"):
+    with claim_run(cfg.run_dir(), cfg.run_id):
         done = already_trained(cfg)  # finished while we waited for the claim
         return done if done is not None else _train(cfg, staged, resolved, extra_callbacks)
 

@@ -1,7 +1,10 @@
 """Exclusive claims on a run directory or a staging directory, held while work runs.
 
-``claim(path, what)`` takes an exclusive ``flock`` on ``<path>.lock`` for the duration
-of a ``with`` block and writes who holds it (pid, host, since when) into the file. A
+``claim(lock_file, what)`` takes an exclusive ``flock`` on ``lock_file`` for the
+duration of a ``with`` block, writes who holds it (pid, host, since when) into the
+file and removes it at the end (with the directories it had to create, if they are
+still empty); ``claim_run(run_dir, run_id)`` is the claim on a run directory
+(``<run_dir>/run.lock``). A
 second claimant, in this process or another, gets ``BusyError`` at once, naming the
 holder. The kernel drops the lock when its process dies, so a crash or SIGKILL never
 leaves a stale claim behind: the next run simply takes it.
@@ -36,10 +39,6 @@ HELD_ENV = "TRAINING_CLAIMS_HELD"
 _held: dict[str, int] = {}  # lock path -> nesting depth, in this process
 
 
-def _lock_path(path: str | os.PathLike[str]) -> Path:
-    return Path(os.path.abspath(path)).with_name(Path(path).name + ".lock")
-
-
 def _inherited() -> set[str]:
     return set(filter(None, os.environ.get(HELD_ENV, "").split(os.pathsep)))
 
@@ -50,10 +49,11 @@ def claimed_env() -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def claim(path: str | os.PathLike[str], what: str, *, wait_s: float = 0.0) -> Iterator[None]:
-    """Hold ``<path>.lock`` exclusively; BusyError naming the holder if someone has it
+def claim(lock_file: str | os.PathLike[str], what: str, *,
+          wait_s: float = 0.0) -> Iterator[None]:
+    """Hold ``lock_file`` exclusively; BusyError naming the holder if someone has it
     (after waiting up to ``wait_s`` seconds for it to let go)."""
-    lock = _lock_path(path)
+    lock = Path(os.path.abspath(lock_file))
     key = os.fspath(lock)
     if key in _held or key in _inherited():
         _held[key] = _held.get(key, 0) + 1
@@ -64,22 +64,10 @@ def claim(path: str | os.PathLike[str], what: str, *, wait_s: float = 0.0) -> It
             if not _held[key]:
                 del _held[key]
         return
+    created = [d for d in (lock.parent, *lock.parent.parents) if not d.exists()]
     lock.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = _locked(lock, what, wait_s)
     try:
-        deadline, told = time.monotonic() + wait_s, False
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    raise BusyError(f"{what} is in use: {_holder(fd)} holds {lock}; wait for "
-                                    "it to finish, or stop it") from None
-                if not told:
-                    log.info("waiting for %s: %s holds %s", what, _holder(fd), lock)
-                    told = True
-                time.sleep(min(5.0, max(0.1, deadline - time.monotonic())))
         holder = {"pid": os.getpid(), "host": socket.gethostname(),
                   "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         os.ftruncate(fd, 0)
@@ -89,9 +77,43 @@ def claim(path: str | os.PathLike[str], what: str, *, wait_s: float = 0.0) -> It
             yield
         finally:
             del _held[key]
-            os.ftruncate(fd, 0)
+            # Still holding it: remove the file, and the directories the claim created if
+            # nothing else landed in them (a refused run leaves no trace).
+            with contextlib.suppress(OSError):
+                os.unlink(lock)
+            for directory in created:  # deepest first
+                with contextlib.suppress(OSError):
+                    directory.rmdir()
     finally:
         os.close(fd)  # releases the flock
+
+
+def _locked(lock: Path, what: str, wait_s: float) -> int:
+    """A descriptor of ``lock`` holding its flock. A holder removes the file when it lets
+    go, so the lock taken must still be the file at that path (else: open it again)."""
+    deadline, told = time.monotonic() + wait_s, False
+    while True:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _holder(fd)
+            os.close(fd)
+            if time.monotonic() >= deadline:
+                raise BusyError(f"{what} is in use: {holder} holds {lock}; wait for it to "
+                                "finish, or stop it") from None
+            if not told:
+                log.info("waiting for %s: %s holds %s", what, holder, lock)
+                told = True
+            time.sleep(min(5.0, max(0.1, deadline - time.monotonic())))
+            continue
+        try:
+            same = os.fstat(fd).st_ino == os.stat(lock).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            return fd
+        os.close(fd)  # removed by its last holder after we opened it: try again
 
 
 def _holder(fd: int) -> str:
@@ -100,3 +122,8 @@ def _holder(fd: int) -> str:
         return f"process {info['pid']} on {info['host']} (since {info['since']})"
     except (OSError, ValueError, KeyError, TypeError):
         return "another process"
+
+
+def claim_run(run_dir: str | os.PathLike[str], run_id: str) -> contextlib.AbstractContextManager:
+    """The claim on a run directory: training, evaluating and publishing hold it."""
+    return claim(Path(run_dir) / "run.lock", f"run directory {run_dir} (run {run_id})")

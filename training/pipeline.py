@@ -25,7 +25,7 @@ from training.datasets import StagedDataset
 from training.errors import RegistryError, shown
 from training.evaluate import evaluate_model
 from training.fit import model_dir
-from training.locks import claim
+from training.locks import claim_run
 from training.promotion import PromotionPolicy, decide
 from training.registry import ModelRegistry
 from training.storage import S3Options, open_store
@@ -70,7 +70,7 @@ def evaluate(cfg: RunConfig, staged: StagedDataset, registry: ModelRegistry) -> 
     Writes ``evaluation.json`` into the model directory (so it is published with the
     version) and returns it. A model that is not promoted always says why.
     """
-    with claim(cfg.run_dir(), f"run directory {cfg.run_dir()} (run {cfg.run_id})"):
+    with claim_run(cfg.run_dir(), cfg.run_id):
         return _evaluate(cfg, staged, registry)
 
 
@@ -152,7 +152,7 @@ def publish(cfg: RunConfig, registry: ModelRegistry, *, created: str,
     started), never the clock at upload, so a retry writes the same manifest.
     ``source`` names what produced the version (the Airflow DAG run and its URL).
     """
-    with claim(cfg.run_dir(), f"run directory {cfg.run_dir()} (run {cfg.run_id})"):
+    with claim_run(cfg.run_dir(), cfg.run_id):
         evaluation = read_evaluation(cfg)
         metrics = {k: evaluation["challenger"][k] for k in ("accuracy", "loss", "macro_f1")}
         manifest = registry.publish(cfg.model_name, cfg.run_id, model_dir(cfg.run_dir()),

@@ -184,7 +184,9 @@ def resolve(
                 ) from None
             log.info("no TPU answered (%s); looking for other devices", exc)
     gpu_names = [f"/gpu:{i}" for i in range(len(tf.config.list_physical_devices("GPU")))]
-    check_devices(list(runtime.devices), [d.name for d in tf.config.list_logical_devices()])
+    if runtime.devices:  # listing devices starts TF's runtime: not before multi-worker
+        check_devices(list(runtime.devices),
+                      [d.name for d in tf.config.list_logical_devices()])
     devices = select_devices(runtime, gpu_names)
     kind = choose_kind(
         runtime.strategy,

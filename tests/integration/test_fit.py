@@ -25,6 +25,7 @@ def test_run_directory_holds_every_output(trained_run):
     assert RunConfig.from_file(out / "config.json") == cfg
     run = json.loads((out / "run.json").read_text())
     assert run["strategy"]["global_batch_size"] == cfg.fit.batch_size
+    assert run["strategy"]["devices"] == ["/cpu:0"]  # the devices used, not asked for
     assert run["software"]["keras"].startswith("3.")
     history = json.loads((out / "history.json").read_text())
     assert history["epochs"] == list(range(1, cfg.fit.epochs + 1))

@@ -163,7 +163,7 @@ def test_two_processes_with_one_run_id_one_trains_the_other_is_told_who(staging_
             "--staging-dir", staging_dir, "--output-dir", os.fspath(tmp_path / "runs")]
     first = subprocess.Popen([sys.executable, "-m", "training", *args], cwd=tmp_path,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    lock = tmp_path / "runs" / "same.lock"
+    lock = tmp_path / "runs" / "same" / "run.lock"
     deadline = time.monotonic() + 120
     while not (lock.is_file() and lock.read_text().strip()) and time.monotonic() < deadline:
         assert first.poll() is None, first.communicate()[1][-3000:]
@@ -187,7 +187,7 @@ def test_a_staging_claim_held_elsewhere_names_its_holder(tmp_path, monkeypatch):
     holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import sys, time
         from training.locks import claim
-        with claim({os.fspath(staging / "digits" / "1.0.0")!r}, "staging"):
+        with claim({os.fspath(staging / "digits" / "1.0.0.lock")!r}, "staging"):
             print("held", flush=True)
             time.sleep(60)
     """)], stdout=subprocess.PIPE, text=True)
@@ -270,14 +270,12 @@ def test_a_lambda_challenger_fails_evaluate_in_one_line(staging_dir, tmp_path):
 ])
 def test_devices_that_do_not_exist_are_refused_before_any_strategy(staging_dir, tmp_path,
                                                                    devices, missing):
-    started = time.monotonic()
     proc = cli(tmp_path, "train", "--strategy", "mirrored", "--devices", *devices,
                "--staging-dir", staging_dir, "--output-dir", os.fspath(tmp_path / "runs"),
-               timeout=300)
+               timeout=300)  # it used to hang here for ever
     assert proc.returncode == 2
     line = one_error_line(proc)
     assert f"runtime.devices asks for {missing}, which this machine does not have" in line
-    assert time.monotonic() - started < 120  # refused, not hung
 
 
 def test_sigterm_ends_a_step_that_never_finishes(tmp_path):
@@ -295,10 +293,9 @@ def test_sigterm_ends_a_step_that_never_finishes(tmp_path):
                             stderr=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "stuck"
     proc.send_signal(signal.SIGTERM)
-    started = time.monotonic()
-    assert proc.wait(timeout=30) == 143
-    assert 1.5 < time.monotonic() - started
-    assert "has not reached the end of a batch" in proc.stderr.read()
+    assert proc.wait(timeout=60) == 143
+    assert "SIGTERM 2 s ago and training has not reached the end of a batch" in \
+        proc.stderr.read()
 
 
 # -------------------------------------------------- 6. one error line, every path
@@ -392,9 +389,10 @@ def test_models_list_flags_a_pointer_to_a_deleted_version(trained_run, tmp_path)
         listed["warning"]
 
     # A version over the size limit is refused with the sizes, and nothing is written.
-    bigger = cfg.with_overrides({"run_id": "run", "max_version_mb": 1})
-    with pytest.raises(Exception, match=r"is \d+\.\d MiB, over the limit of 1 MiB "
-                                         r"\(max_version_mb\); largest files: "):
+    (tmp_path / "run" / "model" / "weights.bin").write_bytes(os.urandom(3 << 20))
+    bigger = cfg.with_overrides({"run_id": "run", "max_version_mb": 2})
+    with pytest.raises(Exception, match=r"is \d+\.\d MiB, over the limit of 2 MiB "
+                                         r"\(max_version_mb\); largest files: weights.bin 3.0"):
         publish(bigger, registry, created="2026-12-01T00:00:00+00:00")
     assert not (store / "models" / cfg.model_name / "versions" / "run").exists()
 
@@ -417,3 +415,40 @@ def test_a_full_disk_leaves_no_temporary_file(tmp_path):
                           timeout=60)
     assert "refused: cannot write 'models/m/big'" in done.stdout, done.stderr[-2000:]
     assert [p.name for p in store.rglob("*") if p.is_file()] == []
+
+
+def test_a_download_that_fails_is_one_error_and_leaves_no_partial_files(tmp_path):
+    """What tfds does offline (ConnectionError after its retries), without the minutes
+    of retries: a real builder whose download raises at once."""
+    import tensorflow_datasets as tfds
+
+    from training import datasets
+    from training.config import DatasetConfig
+    from training.errors import DatasetError
+
+    class OfflineImages(tfds.core.GeneratorBasedBuilder):
+        VERSION = tfds.core.Version("1.0.0")
+
+        def _info(self):
+            return tfds.core.DatasetInfo(
+                builder=self,
+                features=tfds.features.FeaturesDict({
+                    "image": tfds.features.Image(shape=(4, 4, 1)),
+                    "label": tfds.features.ClassLabel(num_classes=2)}),
+                supervised_keys=("image", "label"))
+
+        def _split_generators(self, dl_manager):
+            partial = tmp_path / "staging" / "downloads" / "offline" / "data.zip.tmp.1234"
+            partial.parent.mkdir(parents=True, exist_ok=True)
+            partial.write_bytes(b"half a download")
+            raise ConnectionError("Failed to resolve 'example.org' (offline)")
+
+        def _generate_examples(self):
+            yield from ()
+
+    staging = tmp_path / "staging"
+    with pytest.raises(DatasetError, match=r"cannot prepare dataset 'offline_images' into "
+                                           r".*: ConnectionError: Failed to resolve"):
+        datasets.stage(DatasetConfig(name="offline_images", staging_dir=os.fspath(staging)))
+    left = [p.relative_to(staging).as_posix() for p in staging.rglob("*") if p.is_file()]
+    assert left == [], left
