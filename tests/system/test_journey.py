@@ -47,6 +47,15 @@ def log_in(page: Any, stack: Any) -> None:
     expect(page.get_by_role("link", name="Dags", exact=True)).to_be_visible(timeout=30_000)
 
 
+def dag_page(browser: Any, stack: Any) -> Any:
+    """A new page, logged in, on the DAG's page (reached from the Dags list)."""
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.set_default_timeout(30_000)
+    log_in(page, stack)
+    open_dag(page)
+    return page
+
+
 def open_dag(page: Any) -> None:
     from playwright.sync_api import expect
 
@@ -93,10 +102,7 @@ def test_trigger_form_runs_and_links_to_the_models_page(dev_airflow: Any, browse
     from playwright.sync_api import expect
 
     stack = dev_airflow
-    page = browser.new_page(viewport={"width": 1400, "height": 1000})
-    page.set_default_timeout(30_000)
-    log_in(page, stack)
-    open_dag(page)
+    page = dag_page(browser, stack)
     shot(page, "01-dag")
 
     # 1. The form opens valid with its defaults, and is submitted as it is.
@@ -180,10 +186,7 @@ def test_trigger_form_refuses_an_invalid_value_in_words(dev_airflow: Any, browse
     from playwright.sync_api import expect
 
     stack = dev_airflow
-    page = browser.new_page(viewport={"width": 1400, "height": 1000})
-    page.set_default_timeout(30_000)
-    log_in(page, stack)
-    open_dag(page)
+    page = dag_page(browser, stack)
     before = len(stack.runs())
     dialog = open_trigger_form(page)
     dialog.get_by_role("button", name="Model registry").click()
