@@ -161,12 +161,15 @@ def read_manifest(path: Path) -> dict[str, Any]:
 def _record_fingerprint(cfg_name: str, version_dir: Path, fingerprint: str) -> None:
     """The first fingerprint of ``name:version`` is recorded; another one is refused."""
     record = version_dir.with_name(version_dir.name + ".fingerprint")
+    tmp = record.with_name(f".{record.name}.{os.getpid()}.tmp")
+    tmp.write_text(fingerprint + "\n")
     try:
-        with open(record, "x") as out:  # create-only: the first staging records it
-            out.write(fingerprint + "\n")
+        os.link(tmp, record)  # create-only and whole: the first staging records it
         return
     except FileExistsError:
         recorded = record.read_text().strip()
+    finally:
+        tmp.unlink()
     if recorded != fingerprint:
         raise DatasetError(
             f"dataset {cfg_name}:{version_dir.name} was staged before with fingerprint "
@@ -246,7 +249,7 @@ def _prepare(cfg: DatasetConfig, builder: Any, version_dir: Path) -> dict[str, A
         import shutil
 
         shutil.rmtree(version_dir, ignore_errors=True)  # no half-prepared files stay
-        downloads = Path(cfg.staging_dir) / "downloads"
+        downloads = Path(cfg.staging_dir) / "downloads" / cfg.name.split("/")[0]
         for partial in downloads.rglob("*.tmp.*") if downloads.is_dir() else []:
             with contextlib.suppress(OSError):  # tfds's unfinished downloads
                 shutil.rmtree(partial) if partial.is_dir() else partial.unlink()

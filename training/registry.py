@@ -397,20 +397,22 @@ class ModelRegistry:
         except ValueError as exc:
             raise IntegrityError(
                 f"production pointer of model {name!r} ({key}) is not valid JSON: {exc}; "
-                "restore it from the store's versioning, or roll back to a version"
+                "restore it from the store's versioning, or delete it and promote a version "
+                "again"
             ) from exc
         if (not isinstance(pointer, dict) or not isinstance(pointer.get("version"), str)
                 or not isinstance(pointer.get("history"), list)):
             raise IntegrityError(
                 f"production pointer of model {name!r} ({key}) is not a pointer: expected an "
                 f"object with 'version' and 'history', got {shown(pointer)}; restore it, or "
-                "roll back to a version"
+                "delete it and promote a version again"
             )
         recorded = pointer.pop("sha256", None)  # pointers written before it carry none
         if recorded is not None and recorded != _pointer_sum(pointer):
             raise IntegrityError(
                 f"production pointer of model {name!r} ({key}) does not match its SHA-256 "
-                "(changed outside the registry); restore it, or roll back to a version"
+                "(changed outside the registry); restore it, or delete it and promote a "
+                "version again"
             )
         return pointer, found[1]
 

@@ -433,16 +433,18 @@ class ResumableBackup(keras.callbacks.BackupAndRestore):
 SIGTERM_GRACE_S = 60.0  # after SIGTERM, the longest wait for the end of a batch
 
 
-def _exit_if_stuck(read_fd: int, grace_s: float) -> None:
+def _exit_if_stuck(read_fd: int, grace_s: float, done: threading.Event) -> None:
     """Watchdog thread: Python runs a signal handler only when the main thread comes back
     to the interpreter, which a step stuck in TensorFlow (an all-reduce that never
     completes) never does. The C-level handler still writes the signal to the wakeup
-    descriptor; after ``grace_s`` more seconds the process exits with 143 anyway."""
+    descriptor; if the block has not ended ``grace_s`` seconds later (``done``), the
+    process exits with 143 anyway."""
     with open(read_fd, "rb", buffering=0) as wakeups:
         while data := wakeups.read(64):
             if signal.SIGTERM not in data:
                 continue
-            time.sleep(grace_s)
+            if done.wait(grace_s):  # training stopped (or the block ended) in time
+                return
             log.error("SIGTERM %.0f s ago and training has not reached the end of a batch "
                       "(a step is stuck, e.g. waiting for an all-reduce): exiting without "
                       "a backup", grace_s)
@@ -477,11 +479,13 @@ def stop_on_sigterm(backup: ResumableBackup, *, enabled: bool = True,
     read_fd, write_fd = os.pipe()
     os.set_blocking(write_fd, False)
     previous_fd = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
-    threading.Thread(target=_exit_if_stuck, args=(read_fd, grace_s), daemon=True,
+    done = threading.Event()
+    threading.Thread(target=_exit_if_stuck, args=(read_fd, grace_s, done), daemon=True,
                      name="sigterm-watchdog").start()
     try:
         yield
     finally:  # None: a handler not set from Python, which cannot be put back
+        done.set()
         signal.set_wakeup_fd(previous_fd)
         os.close(write_fd)  # the watchdog sees EOF and ends
         signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)

@@ -184,7 +184,9 @@ def resolve(
                 ) from None
             log.info("no TPU answered (%s); looking for other devices", exc)
     gpu_names = [f"/gpu:{i}" for i in range(len(tf.config.list_physical_devices("GPU")))]
-    if runtime.devices:  # listing devices starts TF's runtime: not before multi-worker
+    # Listing devices starts TF's runtime, which must not happen before a multi-worker
+    # strategy configures its collectives.
+    if runtime.devices and runtime.workers <= 1 and tf_config_workers(tf_config) <= 1:
         check_devices(list(runtime.devices),
                       [d.name for d in tf.config.list_logical_devices()])
     devices = select_devices(runtime, gpu_names)

@@ -39,7 +39,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from training.errors import RegistryError, TrainingError
+from training.errors import IntegrityError, RegistryError, TrainingError
 
 log = logging.getLogger(__name__)
 
@@ -182,11 +182,16 @@ def collect(registry: Any) -> list[dict[str, Any]]:
         for entry in versions:
             report = version_prefix(name, entry["version"]) + f"report/{REPORT_INDEX}"
             entry["has_report"] = report in keys
+        try:
+            production, history, problem = registry.production(name), registry.history(name), None
+        except IntegrityError as exc:  # one damaged pointer must not hide every model
+            production, history, problem = None, [], str(exc)
         models.append({
             "name": name,
-            "production": registry.production(name),
+            "production": production,
             "versions": versions,
-            "history": registry.history(name),
+            "history": history,
+            "problem": problem,
         })
     return models
 
@@ -319,7 +324,10 @@ def render_index(models: Sequence[dict], store_uri: str) -> str:
         parts.append(f'<nav class="models">{links}</nav>')
     for model in models:
         name, production = model["name"], model["production"]
-        if production:
+        if model.get("problem"):
+            problem = _e(model["problem"])
+            where = f'<span class="none">production pointer unreadable: {problem}</span>'
+        elif production:
             where = f'in production: <code>{_e(production)}</code>'
         else:
             where = '<span class="none">nothing in production</span>'

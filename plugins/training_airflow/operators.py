@@ -59,13 +59,20 @@ def run_child(operator: TrainOperator, command: list[str], env: dict[str, str],
     operator.child = child
     error = None
     assert child.stdout is not None
-    for raw in child.stdout:
-        line = raw.decode(errors="backslashreplace").rstrip()
-        if is_noise(line):
-            continue
-        operator.log.info("%s", line)
-        if line.startswith("error: "):
-            error = line
+    try:
+        for raw in child.stdout:
+            line = raw.decode(errors="backslashreplace").rstrip()
+            if is_noise(line):
+                continue
+            operator.log.info("%s", line)
+            if line.startswith("error: "):
+                error = line
+    except BaseException:  # a timeout or a kill of the task: the child goes with it
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child.pid, signal.SIGTERM)
+        raise
+    finally:
+        child.stdout.close()
     return child.wait(), error
 
 

@@ -44,11 +44,17 @@ def stderr_without_noise() -> Iterator[None]:
     os.dup2(write_end, 2)
     os.close(write_end)
 
+    sink = os.dup(original)  # the pump's own: closed by the pump, never reused under it
+
     def pump() -> None:
-        with os.fdopen(read_end, "rb") as lines:
-            for raw in lines:
-                if not is_noise(raw.decode(errors="replace")):
-                    os.write(original, raw)
+        try:
+            with os.fdopen(read_end, "rb") as lines:
+                for raw in lines:  # keep draining, even if writing fails
+                    if not is_noise(raw.decode(errors="replace")):
+                        with contextlib.suppress(OSError):
+                            os.write(sink, raw)
+        finally:
+            os.close(sink)
 
     thread = threading.Thread(target=pump, name="stderr-filter", daemon=True)
     thread.start()

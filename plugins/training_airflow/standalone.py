@@ -108,10 +108,10 @@ class Stack:
         they are found through ``/proc`` rather than through the groups.
         """
         live = [p for p in self.procs.values() if p.poll() is None]
-        others = [pid for p in live for pid in _descendants(p.pid)]
+        others = [(pid, _start_time(pid)) for p in live for pid in _descendants(p.pid)]
         for proc in live:
             _signal_group(proc.pid, signal.SIGTERM)
-        for pid in others:
+        for pid, _ in others:
             _signal(pid, signal.SIGTERM)
         deadline = time.monotonic() + grace_s
         for proc in live:
@@ -120,8 +120,9 @@ class Stack:
             except subprocess.TimeoutExpired:
                 _signal_group(proc.pid, signal.SIGKILL)
                 proc.wait(timeout=10)
-        for pid in others:
-            _signal(pid, signal.SIGKILL)
+        for pid, started in others:
+            if started is not None and _start_time(pid) == started:  # not a new process
+                _signal(pid, signal.SIGKILL)
 
 
 def _signal_group(pid: int, sig: int) -> None:
@@ -132,6 +133,14 @@ def _signal_group(pid: int, sig: int) -> None:
 def _signal(pid: int, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.kill(pid, sig)
+
+
+def _start_time(pid: int) -> str | None:
+    """The kernel's start time of ``pid`` (tells a process from a later one with its pid)."""
+    try:
+        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
 
 
 def _descendants(pid: int) -> list[int]:
@@ -239,6 +248,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("stopping Airflow ...", flush=True)
         return 0
     finally:
+        # A second Ctrl-C must not abandon the components half-stopped.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         stack.stop()
 
 

@@ -438,7 +438,7 @@ def test_a_download_that_fails_is_one_error_and_leaves_no_partial_files(tmp_path
                 supervised_keys=("image", "label"))
 
         def _split_generators(self, dl_manager):
-            partial = tmp_path / "staging" / "downloads" / "offline" / "data.zip.tmp.1234"
+            partial = tmp_path / "staging" / "downloads" / "offline_images" / "d.zip.tmp.1"
             partial.parent.mkdir(parents=True, exist_ok=True)
             partial.write_bytes(b"half a download")
             raise ConnectionError("Failed to resolve 'example.org' (offline)")
