@@ -342,7 +342,9 @@ def test_a_damaged_production_pointer_is_one_line(tmp_path, pointer):
     assert "production pointer of model 'm'" in one_error_line(proc)
 
 
-def test_a_pointer_changed_outside_the_registry_is_refused(trained_run, tmp_path):
+def promoted_copy(trained_run, tmp_path: Path):
+    """The session's trained run, copied, published as version ``run`` of a local store
+    and promoted: (its config, the store's root, the registry)."""
     from training.pipeline import publish
 
     cfg, _ = trained_run
@@ -356,6 +358,11 @@ def test_a_pointer_changed_outside_the_registry_is_refused(trained_run, tmp_path
     publish(cfg, registry, created="2026-12-01T00:00:00+00:00")
     registry.promote(cfg.model_name, "run", run_id="run", at="2026-12-01T00:00:00+00:00",
                      reason="first")
+    return cfg, store, registry
+
+
+def test_a_pointer_changed_outside_the_registry_is_refused(trained_run, tmp_path):
+    cfg, store, _ = promoted_copy(trained_run, tmp_path)
     pointer = store / "models" / cfg.model_name / "production.json"
     # Same JSON shape, another version: a hand edit the checksum catches.
     pointer.write_text(pointer.read_text().replace('"version": "run"', '"version": "other"', 1))
@@ -370,17 +377,7 @@ def test_a_pointer_changed_outside_the_registry_is_refused(trained_run, tmp_path
 def test_models_list_flags_a_pointer_to_a_deleted_version(trained_run, tmp_path):
     from training.pipeline import publish
 
-    cfg, _ = trained_run
-    store = tmp_path / "store"
-    registry = ModelRegistry(open_store(os.fspath(store)))
-    shutil.copytree(cfg.run_dir(), tmp_path / "run")
-    cfg = cfg.with_overrides({"output_dir": os.fspath(tmp_path), "run_id": "run",
-                              "store_uri": os.fspath(store)})
-    (tmp_path / "run" / "model" / "evaluation.json").write_text(json.dumps(
-        {"challenger": {"accuracy": 0.9, "loss": 0.3, "macro_f1": 0.9}}))
-    publish(cfg, registry, created="2026-12-01T00:00:00+00:00")
-    registry.promote(cfg.model_name, "run", run_id="run", at="2026-12-01T00:00:00+00:00",
-                     reason="first")
+    cfg, store, registry = promoted_copy(trained_run, tmp_path)
     shutil.rmtree(store / "models" / cfg.model_name / "versions" / "run")
     proc = cli(tmp_path, "models", "list", "--store-uri", os.fspath(store))
     assert proc.returncode == 0, proc.stderr[-2000:]
