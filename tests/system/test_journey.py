@@ -16,6 +16,7 @@ them; nothing is triggered through it.
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -145,6 +146,21 @@ def test_trigger_form_runs_and_links_to_the_models_page(dev_airflow: Any, browse
     second_decision = stack.xcom(second["dag_run_id"], "evaluate")["decision"]
     assert stack.task_states(second["dag_run_id"])["promote"] == (
         "success" if second_decision["promote"] else "skipped")
+
+    # Beside the browser, over REST and in the store: XCom carries a small summary, never
+    # the model; the version is complete, knows its Airflow run, and is the one promoted;
+    # the value changed in the form reached the trained model.
+    published = stack.xcom(first["dag_run_id"], "publish")
+    assert set(published) == {"model_name", "version", "store_uri", "files", "metrics"}
+    assert len(json.dumps(published)) < 2048 and published["store_uri"] == stack.store_uri
+    manifest = registry.verify(MODEL, v1)
+    assert manifest["metrics"] == published["metrics"]
+    assert len(manifest["files"]) == published["files"]
+    assert manifest["source"] == {"dag_id": DAG_ID, "run_id": first["dag_run_id"]}
+    assert registry.history(MODEL)[0] | {"at": None, "reason": None} == {
+        "from": None, "to": v1, "run_id": v1, "forced": False, "at": None, "reason": None}
+    config = json.loads(registry.store.get_bytes(f"models/{MODEL}/versions/{v2}/config.json"))
+    assert config["fit"]["epochs"] == int(CHANGED_EPOCHS)
 
     # 3. The publish task of the first run links to its version on the Models page.
     page.goto(f"{stack.base_url}/dags/{DAG_ID}/runs/{first['dag_run_id']}/tasks/publish")
