@@ -23,9 +23,9 @@ import json, logging, time, io
 stream = io.StringIO()
 logging.basicConfig(level=logging.INFO, stream=stream)
 start = time.perf_counter()
-from training import datasets
+from training.data import staging
 from training.config import DatasetConfig
-staged = datasets.stage(DatasetConfig(staging_dir={staging!r}))
+staged = staging.stage(DatasetConfig(staging_dir={staging!r}))
 print(json.dumps({{"seconds": time.perf_counter() - start, "key": staged.key,
                   "cache_hit": "cache hit" in stream.getvalue()}}))
 '''

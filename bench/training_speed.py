@@ -2,7 +2,7 @@
 
 The seed-style script feeds numpy arrays straight into ``model.fit`` (same model,
 batch, epochs, optimizer, seed, the same digits split). Ours is the ``train`` stage
-(``training.fit.train``: staged tfds dataset, cache, seeded shuffle, prefetch, the
+(``training.train.fit.train``: staged tfds dataset, cache, seeded shuffle, prefetch, the
 strategy scope and every callback), in variants of the options that can make it faster.
 Everything runs in this one process, the pairs alternating, ``--reps`` times.
 
@@ -61,7 +61,7 @@ def digits_arrays():
     import numpy as np
     from sklearn.datasets import load_digits
 
-    from training.digits_builder import split_indices
+    from training.data.digits import split_indices
 
     digits = load_digits()
     x = np.round(digits.images * (255.0 / 16.0)).astype(np.uint8)[..., None]
@@ -72,7 +72,7 @@ def digits_arrays():
 def seed_style(model_name, arrays, epochs, batch, timer):
     import keras
 
-    from training import models
+    from training.train import models
 
     keras.utils.set_random_seed(42)
     (x, y), (vx, vy) = arrays["train"], arrays["validation"]
@@ -85,7 +85,7 @@ def seed_style(model_name, arrays, epochs, batch, timer):
 
 def ours(model_name, staged, epochs, batch, options, timer, workdir):
     from training.config import RunConfig
-    from training.fit import train
+    from training.train.fit import train
 
     cfg = RunConfig.from_flat({
         "model": model_name, "epochs": epochs, "batch_size": batch,
@@ -104,12 +104,12 @@ def main() -> None:
     parser.add_argument("--models", nargs="*", default=["mlp", "cnn"])
     args = parser.parse_args()
 
-    from training import datasets
     from training.config import DatasetConfig
+    from training.data import staging
 
     report = Report("Training throughput and time to accuracy (digits)")
     workdir = tempfile.mkdtemp(prefix="bench-train-")
-    staged = datasets.stage(DatasetConfig(staging_dir=os.path.join(workdir, "datasets")))
+    staged = staging.stage(DatasetConfig(staging_dir=os.path.join(workdir, "datasets")))
     arrays = digits_arrays()
     n_train = len(arrays["train"][1])
     test_x, test_y = arrays["test"]

@@ -57,12 +57,12 @@ with DAG(
 
     @task(outlets=[STAGED_DATASET], execution_timeout=timedelta(hours=2), multiple_outputs=False)
     def stage_dataset(params=None, run_id=None, outlet_events=None) -> dict:
-        from training import datasets
+        from training.data import staging
         from training_airflow.params import config_for_run
         from training_airflow.quiet import stderr_without_noise
 
         with stderr_without_noise():
-            staged = datasets.stage(config_for_run(params, run_id).dataset).to_dict()
+            staged = staging.stage(config_for_run(params, run_id).dataset).to_dict()
         outlet_events[STAGED_DATASET].extra = staged
         return staged
 

@@ -47,17 +47,17 @@ def staging_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 @pytest.fixture(scope="session")
 def staged_digits(staging_dir: str):
-    from training import datasets
     from training.config import DatasetConfig
+    from training.data import staging
 
-    return datasets.stage(DatasetConfig(staging_dir=staging_dir))
+    return staging.stage(DatasetConfig(staging_dir=staging_dir))
 
 
 @pytest.fixture(scope="session")
 def trained_run(staged_digits, tmp_path_factory: pytest.TempPathFactory):
     """The seed's mlp trained briefly on digits (one device), with its config."""
     from training.config import RunConfig
-    from training.fit import train
+    from training.train.fit import train
 
     cfg = RunConfig.from_flat({
         "staging_dir": staged_digits.staging_dir,

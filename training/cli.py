@@ -128,9 +128,9 @@ def load_config(args: argparse.Namespace) -> RunConfig:
 
 
 def _stage(cfg: RunConfig):
-    from training import datasets  # heavy (tfds): after the config is valid
+    from training.data import staging  # heavy (tfds): after the config is valid
 
-    staged = datasets.stage(cfg.dataset)
+    staged = staging.stage(cfg.dataset)
     print(json.dumps({"staged": staged.to_dict()}))
     return staged
 
@@ -170,7 +170,7 @@ def _run_steps(args: argparse.Namespace, cfg: RunConfig, staged: Any) -> int:
                 return result.returncode
             print(json.dumps({"trained": result.trained}))
         else:
-            from training.fit import train
+            from training.train.fit import train
 
             print(json.dumps({"trained": train(cfg, staged).to_dict()}))
     if args.command == "train":
@@ -192,8 +192,8 @@ def _run_steps(args: argparse.Namespace, cfg: RunConfig, staged: Any) -> int:
 def _models(args: argparse.Namespace) -> int:
     from datetime import UTC, datetime
 
-    from training.registry import ModelRegistry
-    from training.storage import open_store
+    from training.registry.store import open_store
+    from training.registry.versions import ModelRegistry
 
     registry = ModelRegistry(open_store(args.store_uri))
     now = datetime.now(UTC).isoformat(timespec="seconds")  # a person's action, not a retry

@@ -19,16 +19,16 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from training import datasets
 from training.config import RunConfig
-from training.datasets import StagedDataset
+from training.data import staging
+from training.data.staging import StagedDataset
 from training.errors import RegistryError, shown
 from training.evaluate import evaluate_model
-from training.fit import model_dir
 from training.locks import claim_run
-from training.promotion import PromotionPolicy, decide
-from training.registry import ModelRegistry
-from training.storage import S3Options, open_store
+from training.registry.policy import PromotionPolicy, decide
+from training.registry.store import S3Options, open_store
+from training.registry.versions import ModelRegistry
+from training.train.fit import model_dir
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +42,8 @@ def open_registry(cfg: RunConfig, options: S3Options | None = None) -> ModelRegi
 
 
 def _test_split(staged: StagedDataset, seed: int) -> Any:
-    builder = datasets.load_builder(staged)
-    return datasets.make_dataset(builder, "test", global_batch_size=TEST_BATCH, shuffle=False,
+    builder = staging.load_builder(staged)
+    return staging.make_dataset(builder, "test", global_batch_size=TEST_BATCH, shuffle=False,
                                  seed=seed)
 
 
@@ -83,7 +83,7 @@ def _evaluate(cfg: RunConfig, staged: StagedDataset, registry: ModelRegistry) ->
         log.info("%s %s is already published; its evaluation stands", name, cfg.run_id)
         (out / EVALUATION).write_text(json.dumps(published, indent=2) + "\n")
         return published
-    datasets.verify(staged)
+    staging.verify(staged)
     test = _test_split(staged, cfg.fit.seed)
     challenger = evaluate_model(_load(out / "model.keras"), test)
     champion_version = registry.production(name)

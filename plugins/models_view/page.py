@@ -132,8 +132,8 @@ class _StoreCache:
         self.secrets: frozenset[str] = frozenset()
 
     def get(self) -> Any:
-        from training.registry import ModelRegistry
-        from training.storage import open_store
+        from training.registry.store import open_store
+        from training.registry.versions import ModelRegistry
         from training_airflow.params import aws_conn_id, deployment_settings
         from training_airflow.store import s3_options
 
@@ -385,8 +385,8 @@ def create_app() -> FastAPI:
 
     @app.get("/{name}/versions/{version}/report/{path:path}")
     def report_file(name: str, version: str, path: str, user: Viewer) -> Response:
-        from training.registry import validate_name
-        from training.storage import check_key
+        from training.registry.store import check_key
+        from training.registry.versions import validate_name
 
         if path == "":
             return RedirectResponse(REPORT_INDEX, status_code=307)

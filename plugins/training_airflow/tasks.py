@@ -79,7 +79,7 @@ class EvaluateOperator(_ModelStep):
 
     def step(self, cfg: Any, registry: Any, context: Any) -> dict[str, Any]:
         from training import pipeline
-        from training.datasets import StagedDataset
+        from training.data.staging import StagedDataset
 
         evaluation = pipeline.evaluate(cfg, StagedDataset.from_dict(self.staged), registry)
         return {"version": evaluation["version"], "decision": evaluation["decision"],

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from s3server import MotoServer
 
-from training.storage import FileStore, S3Store
+from training.registry.store import FileStore, S3Store
 
 
 @pytest.fixture

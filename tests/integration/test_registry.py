@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from training.errors import ConflictError, IntegrityError, RegistryError, StorageError
-from training.registry import ModelRegistry
-from training.storage import S3Store
+from training.registry.store import S3Store
+from training.registry.versions import ModelRegistry
 
 T0 = "2025-01-01T00:00:00+00:00"
 T1 = "2025-01-02T00:00:00+00:00"

@@ -11,8 +11,8 @@ import struct
 import pytest
 
 from training import pipeline, report
-from training.fit import model_dir
-from training.storage import FileStore
+from training.registry.store import FileStore
+from training.train.fit import model_dir
 
 pytestmark = pytest.mark.slow
 

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from training import datasets
 from training.config import RunConfig
-from training.fit import train
-from training.resume import EXIT_CODE, METADATA_FILE, RESTORED_MARK, STATE_FILE, WEIGHTS_FILE
+from training.data import staging
+from training.train.fit import train
+from training.train.resume import EXIT_CODE, METADATA_FILE, RESTORED_MARK, STATE_FILE, WEIGHTS_FILE
 
 pytestmark = pytest.mark.slow
 
@@ -84,7 +84,7 @@ def _test_accuracy(model_path: str | Path, staged) -> float:
     import keras
 
     model = keras.saving.load_model(model_path, safe_mode=True)
-    test = datasets.make_dataset(datasets.load_builder(staged), "test",
+    test = staging.make_dataset(staging.load_builder(staged), "test",
                                  global_batch_size=128, shuffle=False, seed=0)
     return float(model.evaluate(test, verbose=0, return_dict=True)["accuracy"])
 
@@ -223,7 +223,7 @@ def _tiny_fit(backup_dir: Path, epochs: int, crash_after: int | None = None,
     import keras
     import numpy as np
 
-    from training.resume import ResumableBackup
+    from training.train.resume import ResumableBackup
 
     class Crash(keras.callbacks.Callback):
         def on_epoch_end(self, epoch, logs=None):
@@ -269,7 +269,7 @@ def test_a_backup_swap_cut_short_by_a_crash_is_completed_and_a_foreign_state_ign
     # A state file this code does not know is not applied; Keras still resumes.
     state["version"] = 99
     (backup_dir / STATE_FILE).write_text(json.dumps(state))
-    with caplog.at_level("WARNING", logger="training.resume"):
+    with caplog.at_level("WARNING", logger="training.train.resume"):
         backup = _tiny_fit(backup_dir, epochs=4)
     assert "version 99" in caplog.text and backup.restored is None
     assert backup.epochs == [3]  # only the epoch it ran: the history was not restored

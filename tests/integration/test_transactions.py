@@ -24,8 +24,8 @@ import pytest
 from s3server import DUMMY_KEY, DUMMY_SECRET, REGION
 from support.cutproxy import CutProxy
 
-from training.registry import ModelRegistry
-from training.storage import open_store
+from training.registry.store import open_store
+from training.registry.versions import ModelRegistry
 
 pytestmark = pytest.mark.slow
 
@@ -179,23 +179,23 @@ def test_two_processes_with_one_run_id_one_trains_the_other_is_told_who(staging_
 
 
 def test_a_staging_claim_held_elsewhere_names_its_holder(tmp_path, monkeypatch):
-    from training import datasets
     from training.config import DatasetConfig
+    from training.data import staging
     from training.errors import BusyError
 
-    staging = tmp_path / "staging"
+    staging_dir = tmp_path / "staging"
     holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import sys, time
         from training.locks import claim
-        with claim({os.fspath(staging / "digits" / "1.0.0.lock")!r}, "staging"):
+        with claim({os.fspath(staging_dir / "digits" / "1.0.0.lock")!r}, "staging"):
             print("held", flush=True)
             time.sleep(60)
     """)], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
-        monkeypatch.setattr(datasets, "STAGING_WAIT_S", 1.0)
+        monkeypatch.setattr(staging, "STAGING_WAIT_S", 1.0)
         with pytest.raises(BusyError, match=f"is in use: process {holder.pid} on "):
-            datasets.stage(DatasetConfig(staging_dir=os.fspath(staging)))
+            staging.stage(DatasetConfig(staging_dir=os.fspath(staging_dir)))
     finally:
         holder.kill()
         holder.wait()
@@ -283,7 +283,7 @@ def test_sigterm_ends_a_step_that_never_finishes(tmp_path):
     of ``stop_on_sigterm`` exits 143 after the grace period all the same."""
     script = textwrap.dedent("""
         import os, types
-        from training.resume import stop_on_sigterm
+        from training.train.resume import stop_on_sigterm
         read_end, _ = os.pipe()
         with stop_on_sigterm(types.SimpleNamespace(stop_signal=None), grace_s=2):
             print("stuck", flush=True)
@@ -399,7 +399,7 @@ def test_a_full_disk_leaves_no_temporary_file(tmp_path):
     store = tmp_path / "store"
     script = textwrap.dedent(f"""
         import resource, signal
-        from training.storage import FileStore
+        from training.registry.store import FileStore
         from training.errors import StorageError
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
@@ -419,8 +419,8 @@ def test_a_download_that_fails_is_one_error_and_leaves_no_partial_files(tmp_path
     of retries: a real builder whose download raises at once."""
     import tensorflow_datasets as tfds
 
-    from training import datasets
     from training.config import DatasetConfig
+    from training.data import staging
     from training.errors import DatasetError
 
     class OfflineImages(tfds.core.GeneratorBasedBuilder):
@@ -443,9 +443,9 @@ def test_a_download_that_fails_is_one_error_and_leaves_no_partial_files(tmp_path
         def _generate_examples(self):
             yield from ()
 
-    staging = tmp_path / "staging"
+    staging_dir = tmp_path / "staging"
     with pytest.raises(DatasetError, match=r"cannot prepare dataset 'offline_images' into "
                                            r".*: ConnectionError: Failed to resolve"):
-        datasets.stage(DatasetConfig(name="offline_images", staging_dir=os.fspath(staging)))
-    left = [p.relative_to(staging).as_posix() for p in staging.rglob("*") if p.is_file()]
+        staging.stage(DatasetConfig(name="offline_images", staging_dir=os.fspath(staging_dir)))
+    left = [p.relative_to(staging_dir).as_posix() for p in staging_dir.rglob("*") if p.is_file()]
     assert left == [], left

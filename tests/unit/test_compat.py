@@ -11,8 +11,8 @@ import logging
 
 import pytest
 
-from training import compat
 from training.errors import ConfigError
+from training.train import compat
 
 
 @pytest.fixture(autouse=True)
@@ -43,7 +43,7 @@ def test_installed_keras_still_needs_every_patch():
     assert not fixed, (
         f"keras {keras.__version__} no longer needs the multi-worker patch(es) {fixed} "
         f"({', '.join(compat.ISSUES[n] for n in fixed)}): remove them from "
-        f"training/compat.py and docs/multiworker.md, then run "
+        f"training/train/compat.py and docs/multiworker.md, then run "
         f"tests/integration/test_multiworker.py"
     )
     for name, evidence in still.items():
@@ -88,7 +88,7 @@ def test_applied_context_manager_undoes_only_what_it_installed():
 
 def test_the_environment_switch_disables_the_layer(monkeypatch, caplog):
     monkeypatch.setenv(compat.DISABLE_ENV, "off")
-    with caplog.at_level(logging.WARNING, logger="training.compat"):
+    with caplog.at_level(logging.WARNING, logger="training.train.compat"):
         assert compat.apply(compat._probe_strategy()) == []
     assert compat.active() == []
     assert "disabled by TRAINING_KERAS_COMPAT=off" in caplog.text

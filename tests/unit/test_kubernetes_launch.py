@@ -12,10 +12,10 @@ import sys
 import pytest
 import yaml
 
-from training import strategy
 from training.config import RunConfig
 from training.errors import ConfigError
 from training.launch import kubernetes as k8s
+from training.train import strategy
 
 KINDS = {"ConfigMap": "V1ConfigMap", "Service": "V1Service", "Job": "V1Job"}
 DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")

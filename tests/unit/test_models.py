@@ -1,7 +1,7 @@
 import pytest
 
-from training import models
 from training.errors import ConfigError
+from training.train import models
 
 
 @pytest.mark.parametrize("shape", [(8, 8, 1), (28, 28, 1), (32, 32, 3)])

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from training.errors import ConfigError
-from training.promotion import Decision, PromotionPolicy, decide
+from training.registry.policy import Decision, PromotionPolicy, decide
 
 POLICY = PromotionPolicy(min_accuracy=0.9, min_improvement=0.0)
 

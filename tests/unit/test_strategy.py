@@ -3,9 +3,9 @@ import math
 
 import pytest
 
-from training import strategy as st
 from training.config import RunConfig, RuntimeConfig
 from training.errors import ConfigError
+from training.train import strategy as st
 
 
 @pytest.mark.parametrize(
@@ -138,7 +138,7 @@ def test_tpu_path_connects_through_the_resolver_and_reports_a_missing_tpu(tmp_pa
 
     code = '''
 import tensorflow as tf
-from training import strategy as st
+from training.train import strategy as st
 from training.config import RunConfig
 from training.errors import ConfigError
 

@@ -18,7 +18,7 @@
 * Staging: the dataset is staged once before any worker starts (``staged`` given, or a
   ``python -m training stage`` subprocess), so workers only read the cache.
 
-Each worker applies the Keras 3 multi-worker compatibility layer (``training.compat``)
+Each worker applies the Keras 3 multi-worker compatibility layer (``training.train.compat``)
 before training and, at the end of training, logs ``final weights digest sha256:...``;
 the launcher collects the digests and fails the run when they differ (the gradients
 were not all-reduced). Nothing here imports TensorFlow: only the worker processes do.
@@ -367,8 +367,8 @@ def _weights_report(report_dir: str | None) -> Any:
 
 def worker_main(args: argparse.Namespace) -> int:
     """One worker: apply the Keras compat layer, then ``fit.train`` (TF_CONFIG is set)."""
-    from training import compat, fit
-    from training.datasets import StagedDataset
+    from training.data.staging import StagedDataset
+    from training.train import compat, fit
 
     if not os.environ.get("TF_CONFIG"):
         raise ConfigError("the worker entry needs TF_CONFIG; start it with run()")

@@ -1,7 +1,7 @@
 """Dataset catalog, staging and the tf.data input pipeline.
 
 Every dataset is a tensorflow-datasets builder: the built-in offline ``digits``
-(``training/digits_builder.py``) or any tfds image-classification dataset (mnist,
+(``training/data/digits.py``) or any tfds image-classification dataset (mnist,
 fashion_mnist, cifar10, ...). Staging prepares it once into
 ``<staging_dir>/<name>/<version>/`` and then writes ``staging-manifest.json`` last,
 listing every file with its size and SHA-256 and a content fingerprint: the SHA-256
@@ -37,13 +37,13 @@ from typing import Any
 
 from training.config import DatasetConfig
 from training.errors import ConfigError, DatasetError, shown
-from training.storage import sha256_file
+from training.registry.store import sha256_file
 
 log = logging.getLogger(__name__)
 
 MANIFEST = "staging-manifest.json"
 # Offline datasets: name -> module whose import registers the builder.
-OFFLINE_BUILDERS = {"digits": "training.digits_builder"}
+OFFLINE_BUILDERS = {"digits": "training.data.digits"}
 # dataset_info.json holds bookkeeping that tfds may rewrite, so it is checksummed but
 # not fingerprinted; every other file is content.
 _BOOKKEEPING = ("dataset_info.json",)

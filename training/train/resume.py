@@ -19,7 +19,7 @@ then on the History and progress-bar callbacks it appends itself.
   ``on_train_begin`` sets ``wait = 0, best = None``; ReduceLROnPlateau's does the same).
   Only then does ``ResumableBackup`` load the backup (Keras's own
   ``BackupAndRestore.on_train_begin``: weights, optimizer, epoch; under several workers
-  the ``backup_restore_sync`` patch of ``training.compat`` broadcasts the chief's) and
+  the ``backup_restore_sync`` patch of ``training.train.compat`` broadcasts the chief's) and
   write the saved counters, best values, best weights and learning rate back into those
   callbacks. Nothing the others do in ``on_train_begin`` needs the restored weights, so
   loading last is safe; ``model.fit`` reads the restored epoch after every
@@ -73,7 +73,7 @@ temporary run directory; on restore they receive the chief's state by broadcast 
 same all-reduce as ``backup_restore_sync``), so every worker's EarlyStopping and
 ReduceLROnPlateau decide alike.
 
-This module imports Keras; ``training.fit`` imports it where it trains.
+This module imports Keras; ``training.train.fit`` imports it where it trains.
 """
 
 from __future__ import annotations
@@ -93,8 +93,8 @@ from typing import Any
 import keras
 import numpy as np
 
-from training import compat
-from training.storage import fsync_path
+from training.registry.store import fsync_path
+from training.train import compat
 
 log = logging.getLogger(__name__)
 
@@ -201,7 +201,7 @@ class ResumableBackup(keras.callbacks.BackupAndRestore):
             "version": VERSION,
             "description": (
                 "Callback state saved with the Keras BackupAndRestore files of this "
-                "directory (training.resume). callbacks: the Keras callbacks' attributes "
+                "directory (training.train.resume). callbacks: the Keras callbacks' attributes "
                 "(epoch indices 0-based); epochs_completed: the epoch count in "
                 "training_metadata.json; mid_epoch: set when a signal stopped training "
                 "inside an epoch (the weights are from that point; a re-run repeats "

@@ -646,7 +646,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
 
     return run_command(command)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

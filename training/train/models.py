@@ -4,7 +4,7 @@ Every builder takes the dataset's image shape and class count and returns an
 uncompiled Keras model whose input is raw pixels (uint8, 0-255): scaling happens in
 a ``Rescaling`` layer, so the exported model serves raw images.
 
-Keras is imported inside the builders, so ``import training.models`` stays cheap and
+Keras is imported inside the builders, so ``import training.train.models`` stays cheap and
 the config can list the registered names.
 """
 

@@ -32,7 +32,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from training.errors import ConflictError, IntegrityError, RegistryError, StorageError, shown
-from training.storage import Store, sha256_file
+from training.registry.store import Store, sha256_file
 
 __all__ = ["MANIFEST", "NAME_PATTERN", "ModelRegistry", "validate_name"]
 

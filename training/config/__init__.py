@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from training.errors import ConfigError, shown
-from training.models import MODELS
+from training.train.models import MODELS
 
-# The registry's name rule (training/registry.py), as a JSON-Schema-safe pattern.
+# The registry's name rule (training/registry/versions.py), as a JSON-Schema-safe pattern.
 _NAME_PATTERN = r"^(?!.*\.\.)[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 _NAME_WORDS = ("1 to 128 letters, digits, '.', '_' or '-', starting with a letter or digit, "
                "without '..'")
@@ -167,7 +167,7 @@ class ModelConfig(_Section):
     SECTION = "model"
 
     name: str = _field(
-        "mlp", "Model architecture from the model registry (training/models.py).",
+        "mlp", "Model architecture from the model registry (training/train/models.py).",
         key="model", enum=list(MODELS),
     )
 

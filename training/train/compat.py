@@ -403,7 +403,7 @@ def enable() -> list[str]:
         if patch.name not in still_needed:
             log.warning(
                 "keras %s no longer needs the %r multi-worker workaround (%s): remove it "
-                "from training/compat.py", keras.__version__, patch.name, ISSUES[patch.name])
+                "from training/train/compat.py", keras.__version__, patch.name, ISSUES[patch.name])
             continue
         _originals[patch.name] = (patch.owner, patch.attribute,
                                   getattr(patch.owner, patch.attribute))

@@ -14,13 +14,13 @@ version, and beside it the working state (``checkpoints/``, ``backup/``). ``mode
                        per epoch (loss, accuracy, learning rate).
 
 ``checkpoints/best.keras`` is ModelCheckpoint's best epoch. ``backup/`` holds the
-resumable state while training runs (``training.resume``: BackupAndRestore's weights,
+resumable state while training runs (``training.train.resume``: BackupAndRestore's weights,
 optimizer and epoch, plus EarlyStopping's, ReduceLROnPlateau's and ModelCheckpoint's
 state, the learning rate and the history so far): a re-run with the same run id
 resumes after the last finished epoch with those callbacks where they were, and
 ``history.json`` covers every epoch of the run. SIGTERM during ``model.fit`` writes a
 backup at the end of the current batch and exits 143 (single worker; see
-``training.resume``). ``backup/`` is removed when training ends. Only the chief writes
+``training.train.resume``). ``backup/`` is removed when training ends. Only the chief writes
 these files; other workers of a multi-worker run write to a temporary directory that
 is removed.
 """
@@ -40,12 +40,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from training import compat, datasets, models
 from training.config import FitConfig, RunConfig
-from training.datasets import StagedDataset
+from training.data import staging
+from training.data.staging import StagedDataset
 from training.errors import ConfigError
 from training.locks import claim_run
-from training.strategy import precision_policy, resolve, steps_per_execution
+from training.train import compat, models
+from training.train.strategy import precision_policy, resolve, steps_per_execution
 
 log = logging.getLogger(__name__)
 
@@ -61,11 +62,11 @@ def make_callbacks(fit: FitConfig, run_dir: Path) -> list[Any]:
 
     The logs come after ReduceLROnPlateau, which adds the learning rate to each epoch's
     logs. The backup (``resume.ResumableBackup``) comes after the callbacks whose state it
-    saves and restores: see ``training.resume`` for why the order matters.
+    saves and restores: see ``training.train.resume`` for why the order matters.
     """
     import keras
 
-    from training import resume
+    from training.train import resume
 
     (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
     mode = "max" if fit.early_stopping_monitor.endswith("accuracy") else "min"
@@ -225,13 +226,13 @@ def _train(cfg: RunConfig, staged: StagedDataset, resolved: Any,
            extra_callbacks: Sequence[Any]) -> TrainResult:
     import keras
 
-    from training import resume
+    from training.train import resume
 
     compat.apply(resolved.strategy)  # Keras 3 under MultiWorkerMirroredStrategy; else no-op
     # ``auto`` depends on the strategy found (bfloat16 on TPU); set before the model.
     keras.mixed_precision.set_global_policy(
         precision_policy(cfg.runtime.mixed_precision, resolved.kind))
-    datasets.verify(staged)  # before any training: a corrupted shard stops here
+    staging.verify(staged)  # before any training: a corrupted shard stops here
 
     final_dir = cfg.run_dir()
     run_dir = final_dir if resolved.is_chief else Path(tempfile.mkdtemp(prefix="worker-"))
@@ -246,14 +247,14 @@ def _train(cfg: RunConfig, staged: StagedDataset, resolved: Any,
         "software": software_versions(),
     }, indent=2) + "\n")
 
-    builder = datasets.load_builder(staged)
-    info = datasets.dataset_info(builder)
-    splits = datasets.split_names(builder, cfg.dataset.validation_fraction)
+    builder = staging.load_builder(staged)
+    info = staging.dataset_info(builder)
+    splits = staging.split_names(builder, cfg.dataset.validation_fraction)
     batch = resolved.global_batch_size
-    train_ds = datasets.make_dataset(builder, splits["train"], global_batch_size=batch,
+    train_ds = staging.make_dataset(builder, splits["train"], global_batch_size=batch,
                                      shuffle=True, seed=cfg.fit.seed,
                                      shuffle_buffer=cfg.dataset.shuffle_buffer)
-    val_ds = datasets.make_dataset(builder, splits["validation"], global_batch_size=batch,
+    val_ds = staging.make_dataset(builder, splits["validation"], global_batch_size=batch,
                                    shuffle=False, seed=cfg.fit.seed)
 
     with resolved.strategy.scope():
@@ -271,7 +272,7 @@ def _train(cfg: RunConfig, staged: StagedDataset, resolved: Any,
     log.info("training %s on %s for up to %d epochs", cfg.model.name, staged.key,
              cfg.fit.epochs)
     # SIGTERM: a backup at the end of the current batch, then exit 143; not under several
-    # workers, where one worker cannot save for all (training.resume).
+    # workers, where one worker cannot save for all (training.train.resume).
     with resume.stop_on_sigterm(backup,
                                 enabled=not compat.is_multi_worker(resolved.strategy)):
         model.fit(train_ds, validation_data=val_ds, epochs=cfg.fit.epochs,

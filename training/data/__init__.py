@@ -1,0 +1,1 @@
+"""Datasets: the catalog of sources, staging into a fingerprinted snapshot, the input pipeline."""

@@ -1,0 +1,3 @@
+from training.launch.kubernetes import main
+
+raise SystemExit(main())

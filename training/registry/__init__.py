@@ -1,0 +1,1 @@
+"""The model registry: object stores, immutable versions, the production pointer, promotion."""

@@ -1,0 +1,3 @@
+from training.report import main
+
+raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""Training: model builders, the tf.distribute strategy, the Keras fit and its callbacks."""
