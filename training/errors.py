@@ -44,3 +44,12 @@ class RegistryError(TrainingError):
 
 class BusyError(TrainingError):
     """A run or staging directory is claimed by another process that is still working."""
+
+
+class LaunchError(TrainingError, RuntimeError):
+    """Training ended without a model: a worker or the training process exited non-zero,
+    a Kubernetes Job failed, or a launcher could not start it."""
+
+
+class ReportError(TrainingError):
+    """A report cannot be built from the given directory."""

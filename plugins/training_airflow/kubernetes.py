@@ -20,7 +20,7 @@ id only):
 While the Job runs, its pods' output is copied into the task log, prefixed with
 ``[worker <index>]`` (worker 0 is the chief), a few lines per poll; pods are selected by
 the Job's own selector (its controller uid), so the pods of a deleted earlier try are
-never mixed in. A failed Job raises ``TrainingLaunchError`` naming the pod that failed
+never mixed in. A failed Job raises ``LaunchError`` naming the pod that failed
 first, its termination reason and exit code, and its last log lines. ``stop()`` (the
 operator's ``on_kill``: a task marked failed, a timeout) deletes the Job, and Kubernetes
 stops the pods.
@@ -43,7 +43,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from training.errors import ConfigError
+from training.errors import ConfigError, LaunchError
 from training.launch.kubernetes import (
     CONFIG_DIR,
     CONTAINER_NAME,
@@ -51,7 +51,6 @@ from training.launch.kubernetes import (
     KubernetesOptions,
     render,
 )
-from training_airflow.operators import TrainingLaunchError
 
 ENV_OPTIONS = "TRAINING_K8S_OPTIONS"
 # Single options that override the JSON in TRAINING_K8S_OPTIONS.
@@ -327,7 +326,7 @@ class KubernetesTrainingJob:
 
     # --- apply ------------------------------------------------------------------------
     def run(self) -> None:
-        """Apply the objects and follow the Job; raise ``TrainingLaunchError`` if it fails."""
+        """Apply the objects and follow the Job; raise ``LaunchError`` if it fails."""
         self._apply_config_map()
         self._apply_service()
         job = self._create_or_reuse_job()
@@ -335,7 +334,7 @@ class KubernetesTrainingJob:
             job = self._follow(job)
         self._surface_logs(job)
         if job_state(job) == "failed":
-            raise TrainingLaunchError(self._failure_message(job))
+            raise LaunchError(self._failure_message(job))
         self.log.info("Job %s/%s succeeded", self.namespace, self.name)
 
     def _apply_config_map(self) -> None:
@@ -399,7 +398,7 @@ class KubernetesTrainingJob:
         theirs = (existing.metadata.annotations or {}).get(fingerprint_key)
         ours = self.job["metadata"]["annotations"][fingerprint_key]
         if theirs != ours:
-            raise TrainingLaunchError(
+            raise LaunchError(
                 f"Job {self.namespace}/{self.name} exists ({state}) with config fingerprint "
                 f"{theirs!r}, but this run's config has {ours!r}; delete it to train this "
                 f"config: kubectl -n {self.namespace} delete job {self.name}"
@@ -419,7 +418,7 @@ class KubernetesTrainingJob:
             return self.batch.read_namespaced_job_status(self.name, self.namespace)
         except ApiException as exc:
             if exc.status == 404:
-                raise TrainingLaunchError(
+                raise LaunchError(
                     f"Job {self.namespace}/{self.name} was deleted while the task followed "
                     "it (the task was stopped, or someone deleted the Job)"
                 ) from None
@@ -443,7 +442,7 @@ class KubernetesTrainingJob:
                     return
                 raise
             if time.monotonic() - start > timeout:
-                raise TrainingLaunchError(
+                raise LaunchError(
                     f"Job {self.namespace}/{self.name} was not deleted within {timeout:g} s; "
                     "check its finalizers"
                 )
@@ -458,7 +457,7 @@ class KubernetesTrainingJob:
         errors, last_progress = 0, None
         while True:
             if self.stopped:
-                raise TrainingLaunchError(f"Job {self.namespace}/{self.name} was stopped")
+                raise LaunchError(f"Job {self.namespace}/{self.name} was stopped")
             if job_state(job) != "running":
                 return job
             self.sleep(self.settings.poll_interval)
@@ -473,7 +472,7 @@ class KubernetesTrainingJob:
                 if (status is not None and status not in TRANSIENT_STATUS) or (
                     errors > MAX_TRANSIENT_ERRORS
                 ):
-                    raise TrainingLaunchError(
+                    raise LaunchError(
                         f"cannot read Job {self.namespace}/{self.name}: "
                         f"{self._exception_text(exc)}"
                     ) from None
@@ -627,7 +626,7 @@ class KubernetesTrainingJob:
             return f"HTTP {status} {reason or ''}".strip() + (f": {message}" if message else "")
         return f"{type(exc).__name__}: {exc}"
 
-    def _api_error(self, action: str, exc: BaseException) -> TrainingLaunchError:
+    def _api_error(self, action: str, exc: BaseException) -> LaunchError:
         hint = ""
         if getattr(exc, "status", None) == 403:
             hint = (f"; the Airflow connection {self.settings.conn_id!r} needs, in namespace "
@@ -636,7 +635,7 @@ class KubernetesTrainingJob:
                     "on pods and pods/log")
         elif getattr(exc, "status", None) == 404:
             hint = f"; does namespace {self.namespace!r} exist?"
-        return TrainingLaunchError(f"cannot {action} {self.namespace}/{self.name}: "
+        return LaunchError(f"cannot {action} {self.namespace}/{self.name}: "
                                    f"{self._exception_text(exc)}{hint}")
 
 

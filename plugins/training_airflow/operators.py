@@ -34,13 +34,8 @@ from typing import Any
 
 from airflow.sdk import BaseOperator
 
-from training.errors import TrainingError
+from training.errors import LaunchError
 from training_airflow.params import aws_conn_id, config_for_run
-
-
-class TrainingLaunchError(TrainingError, RuntimeError):
-    """Training ended without a model (non-zero exit, a failed Job, an unusable launcher)."""
-
 
 CONFIG_ERROR_EXIT = 2  # ``python -m training``: a configuration error (training.cli)
 
@@ -96,7 +91,7 @@ def _launch_local(operator: TrainOperator, cfg: Any, context: Any) -> dict[str, 
             f"training refused its configuration (exit {code}, not retried): "
             f"{error or 'no error line'}")
     if code != 0:
-        raise TrainingLaunchError(
+        raise LaunchError(
             f"training exited with code {code}: {error or 'no error line; see the log above'}")
     return {"run_id": cfg.run_id, "run_dir": os.fspath(cfg.run_dir())}
 

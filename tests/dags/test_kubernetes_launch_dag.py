@@ -350,9 +350,9 @@ def test_failure_names_the_failed_pod_its_reason_and_last_lines(cluster, cfg, op
 
     result, logs, error = launch(operator, cfg)
 
-    from training_airflow.operators import TrainingLaunchError
+    from training.errors import LaunchError
 
-    assert result is None and isinstance(error, TrainingLaunchError)
+    assert result is None and isinstance(error, LaunchError)
     name = k8s.job_name(cfg.run_id)
     failed_pod, other_pod = cluster.jobs[name].pods[1], cluster.jobs[name].pods[0]
     text = str(error)
@@ -437,9 +437,9 @@ def test_a_refused_create_says_which_permissions_are_missing(cluster, cfg, opera
 
     _, _, error = launch(operator, cfg)
 
-    from training_airflow.operators import TrainingLaunchError
+    from training.errors import LaunchError
 
-    assert isinstance(error, TrainingLaunchError)
+    assert isinstance(error, LaunchError)
     assert f"cannot create the Job {NAMESPACE}/{k8s.job_name(cfg.run_id)}: HTTP 403" in str(error)
     assert "create and delete on jobs, get on jobs/status" in str(error)
 
@@ -457,7 +457,8 @@ def test_a_job_of_another_config_is_not_reused(cluster, cfg, operator):
 def test_execute_and_on_kill_delete_the_job(cluster, monkeypatch):
     from structlog.testing import capture_logs
 
-    from training_airflow.operators import TrainingLaunchError, TrainOperator
+    from training.errors import LaunchError
+    from training_airflow.operators import TrainOperator
     from training_airflow.params import config_for_run
 
     monkeypatch.setenv("TRAINING_K8S_POLL_INTERVAL", "0.02")
@@ -486,7 +487,7 @@ def test_execute_and_on_kill_delete_the_job(cluster, monkeypatch):
     assert not thread.is_alive()
     (delete,) = cluster.calls("DELETE", rf"/jobs/{name}$")
     assert delete[3]["propagationPolicy"] == "Background"
-    assert isinstance(outcome.get("error"), TrainingLaunchError)
+    assert isinstance(outcome.get("error"), LaunchError)
     assert any(f"deleted Job {NAMESPACE}/{name}" in m for m in messages(logs))
 
 

@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from training.config import RunConfig
-from training.errors import ConfigError, TrainingError
+from training.errors import ConfigError, LaunchError
 from training.locks import claimed_env
 
 log = logging.getLogger(__name__)
@@ -130,14 +130,14 @@ def _stage_subprocess(config_path: Path, python: str, env: dict[str, str]) -> di
         env=env, capture_output=True, text=True, check=False,
     )
     if proc.returncode != 0:
-        raise TrainingError(
+        raise LaunchError(
             f"staging the dataset before launching the workers failed with status "
             f"{proc.returncode}: {(proc.stderr.strip().splitlines() or [''])[-1]}"
         )
     for line in proc.stdout.splitlines():
         if line.startswith('{"staged"'):
             return json.loads(line)["staged"]
-    raise TrainingError(f"python -m training stage printed no staged dataset: {proc.stdout!r}")
+    raise LaunchError(f"python -m training stage printed no staged dataset: {proc.stdout!r}")
 
 
 def _check(cfg: RunConfig, workers: int) -> None:

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from training.errors import TrainingError
+from training.errors import ReportError, TrainingError
 
 __all__ = ["REPORT_DIR", "build_report", "plot_confusion_matrix", "plot_learning_curves"]
 
@@ -51,10 +51,6 @@ _INPUTS = ("history.json", "evaluation.json", "config.json", "run.json")
 _ANNOTATE_MAX_CLASSES = 20
 # PNG metadata without the matplotlib version: the same inputs give the same bytes.
 _PNG_METADATA = {"Software": None}
-
-
-class ReportError(TrainingError):
-    """The report cannot be built from the given directory."""
 
 
 # ---------------------------------------------------------------------------- plots

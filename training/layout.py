@@ -1,0 +1,79 @@
+"""Where things live: the run directory's files and the store's keys, in one place.
+
+A run directory (``<output_dir>/<run_id>/``), written by ``train`` and read by every
+step after it::
+
+    backup/                       BackupAndRestore state for resuming (removed at the end)
+    checkpoints/best.keras        the best epoch's model so far
+    model/                        what is published as the version, whole:
+      config.json                 the effective config, written before training
+      model.keras  saved_model/   the trained model (Keras file, serving signature)
+      run.json                    when it started, the dataset, strategy and software
+      history.json history.csv    epochs and metrics
+      evaluation.json             champion vs challenger and the decision (``evaluate``)
+      report/index.html           the report built from the four JSON files
+      tensorboard/                event files
+      trained.json                written last: training finished, the model is whole
+
+The store (a local directory or ``s3://bucket/prefix``)::
+
+    models/<name>/versions/<version>/<files of model/...>
+    models/<name>/versions/<version>/manifest.json     written last: the version exists
+    models/<name>/production.json                      the pointer and its history
+
+A staged dataset lives under ``<staging_dir>/<name>/<version>/`` with
+``staging-manifest.json`` beside tensorflow-datasets' own files.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+# --- the run directory -------------------------------------------------------------
+CONFIG = "config.json"
+BACKUP_DIR = "backup"
+BEST_CHECKPOINT = ("checkpoints", "best.keras")
+MODEL_DIR = "model"
+MODEL_FILE = "model.keras"
+SAVED_MODEL_DIR = "saved_model"
+HISTORY_CSV = "history.csv"
+RUN = "run.json"
+HISTORY = "history.json"
+EVALUATION = "evaluation.json"
+REPORT_DIR = "report"
+REPORT_INDEX = "index.html"
+TENSORBOARD_DIR = "tensorboard"
+TRAINED = "trained.json"
+
+# --- the store ---------------------------------------------------------------------
+MODELS_PREFIX = "models/"
+VERSION_MANIFEST = "manifest.json"
+POINTER = "production.json"
+
+# --- staging -----------------------------------------------------------------------
+STAGING_MANIFEST = "staging-manifest.json"
+
+
+def model_dir(run_dir: str | os.PathLike[str]) -> Path:
+    """The run's ``model/`` directory: everything a published version holds."""
+    return Path(run_dir) / MODEL_DIR
+
+
+def version_prefix(name: str, version: str) -> str:
+    """The store prefix of one version, ending in ``/``."""
+    return f"{MODELS_PREFIX}{name}/versions/{version}/"
+
+
+def versions_prefix(name: str) -> str:
+    return f"{MODELS_PREFIX}{name}/versions/"
+
+
+def pointer_key(name: str) -> str:
+    """The key of a model's production pointer."""
+    return f"{MODELS_PREFIX}{name}/{POINTER}"
+
+
+def version_key(name: str, version: str, filename: str) -> str:
+    """The key of one file of a published version (``filename`` relative to ``model/``)."""
+    return version_prefix(name, version) + filename
