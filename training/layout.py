@@ -28,7 +28,26 @@ A staged dataset lives under ``<staging_dir>/<name>/<version>/`` with
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
+from typing import Any
+
+from training.errors import RegistryError, shown
+
+# --- names: a model name, a version id and a run id follow one rule ------------------
+# JSON-Schema-safe (the trigger form checks it too): no look-behind, '..' refused.
+NAME_PATTERN = r"^(?!.*\.\.)[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+NAME_WORDS = ("1 to 128 letters, digits, '.', '_' or '-', starting with a letter or digit, "
+              "without '..'")
+_NAME_RE = re.compile(NAME_PATTERN)
+
+
+def validate_name(field: str, value: Any) -> str:
+    """``value`` if it is a valid model name, version or run id; else RegistryError."""
+    if not isinstance(value, str) or not _NAME_RE.fullmatch(value):
+        raise RegistryError(f"{field} must be {NAME_WORDS}, got {shown(value)}")
+    return value
+
 
 # --- the run directory -------------------------------------------------------------
 CONFIG = "config.json"

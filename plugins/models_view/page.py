@@ -385,8 +385,8 @@ def create_app() -> FastAPI:
 
     @app.get("/{name}/versions/{version}/report/{path:path}")
     def report_file(name: str, version: str, path: str, user: Viewer) -> Response:
+        from training.layout import validate_name
         from training.registry.store import check_key
-        from training.registry.versions import validate_name
 
         if path == "":
             return RedirectResponse(REPORT_INDEX, status_code=307)

@@ -26,12 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from training.errors import ConfigError, shown
+from training.layout import NAME_PATTERN, NAME_WORDS
 from training.train.models import MODELS
 
-# The registry's name rule (training/registry/versions.py), as a JSON-Schema-safe pattern.
-_NAME_PATTERN = r"^(?!.*\.\.)[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
-_NAME_WORDS = ("1 to 128 letters, digits, '.', '_' or '-', starting with a letter or digit, "
-               "without '..'")
 DEVICE_PATTERN = r"(/job:\w+(/replica:\d+)?(/task:\d+)?)?/?(device:)?(CPU|GPU|TPU|cpu|gpu|tpu):\d+"
 
 
@@ -317,7 +314,7 @@ class StorageConfig(_Section):
     run_id: str = _field(
         "", "Run identifier; empty derives it from the configuration, so a retry "
         "reuses the same directory.", key="run_id", deployment=True,
-        pattern=r"^$|" + _NAME_PATTERN, says=f"empty, or a run id of {_NAME_WORDS}",
+        pattern=r"^$|" + NAME_PATTERN, says=f"empty, or a run id of {NAME_WORDS}",
     )
     store_uri: str = _field(
         "var/store", "Object store for published models: s3://bucket/prefix, "
@@ -332,8 +329,8 @@ class StorageConfig(_Section):
     )
     model_name: str = _field(
         "", "Registry name of the model; empty uses '<dataset>-<model>'.",
-        key="model_name", pattern=r"^$|" + _NAME_PATTERN,
-        says=f"empty, or a registry name of {_NAME_WORDS}",
+        key="model_name", pattern=r"^$|" + NAME_PATTERN,
+        says=f"empty, or a registry name of {NAME_WORDS}",
     )
 
 

@@ -37,7 +37,7 @@ from typing import Any
 
 from training.config import DatasetConfig
 from training.errors import ConfigError, DatasetError, shown
-from training.registry.store import sha256_file
+from training.files import sha256_file
 
 log = logging.getLogger(__name__)
 

@@ -33,6 +33,7 @@ from typing import Any
 from urllib.parse import unquote, urlparse
 
 from training.errors import ConflictError, IntegrityError, StorageError
+from training.files import fsync_path, sha256_file
 
 __all__ = [
     "FileStore",
@@ -62,24 +63,6 @@ class ObjectInfo:
 
 def _sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-def sha256_file(path: str | os.PathLike[str]) -> str:
-    """Hex SHA-256 of a file, read in chunks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(_CHUNK):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def fsync_path(path: str | os.PathLike[str]) -> None:
-    """Flush a file's or a directory's entry to disk."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def check_key(key: str) -> str:

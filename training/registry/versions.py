@@ -17,7 +17,7 @@ ETag read, so of two concurrent promotions exactly one wins; the loser gets a
 ConflictError. The history of promotions lives inside the same object, so pointer
 and history change together in one conditional write.
 
-Names and versions must match ``NAME_PATTERN`` and must not contain ``..``.
+Names and versions follow ``training.layout.NAME_PATTERN``.
 """
 
 from __future__ import annotations
@@ -25,33 +25,20 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import tempfile
 from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from training.errors import ConflictError, IntegrityError, RegistryError, StorageError, shown
-from training.registry.store import Store, sha256_file
+from training.files import sha256_file
+from training.layout import validate_name
+from training.registry.store import Store
 
-__all__ = ["MANIFEST", "NAME_PATTERN", "ModelRegistry", "validate_name"]
+__all__ = ["MANIFEST", "ModelRegistry"]
 
-NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 MANIFEST = "manifest.json"
 FORMAT = 1
-_NAME_RE = re.compile(NAME_PATTERN)
-
-
-def validate_name(field: str, value: Any) -> str:
-    """Return ``value`` if it is a valid model name or version id, else RegistryError."""
-    if not isinstance(value, str) or not _NAME_RE.fullmatch(value) or ".." in value:
-        raise RegistryError(
-            f"{field} must be 1 to 128 letters, digits, '.', '_' or '-', starting with a "
-            f"letter or digit, without '..', got {shown(value)}"
-        )
-    return value
-
-
 def _validate_time(field: str, value: Any) -> str:
     try:
         datetime.fromisoformat(value)

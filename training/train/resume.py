@@ -93,7 +93,7 @@ from typing import Any
 import keras
 import numpy as np
 
-from training.registry.store import fsync_path
+from training.files import fsync_path
 from training.train import compat
 
 log = logging.getLogger(__name__)
