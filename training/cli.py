@@ -49,12 +49,8 @@ def _kind(spec: FieldSpec) -> dict[str, Any]:
 
 
 def _help(spec: FieldSpec) -> str:
-    allowed = ""
-    if "enum" in spec.rules:
-        allowed = f" One of: {', '.join(spec.rules['enum'])}."
-    elif "minimum" in spec.rules or "maximum" in spec.rules:
-        allowed = f" Range: {spec.rules.get('minimum', '')}..{spec.rules.get('maximum', '')}."
-    return f"{spec.description}{allowed} Default: {spec.default!r}.".replace("%", "%%")
+    return f"{spec.description} Allowed: {spec.allowed}. Default: {spec.default!r}.".replace(
+        "%", "%%")
 
 
 def markdown_table() -> str:
@@ -62,18 +58,9 @@ def markdown_table() -> str:
     rows = ["| key (`--flag`) | section.field | type | default | allowed | description |",
             "|---|---|---|---|---|---|"]
     for s in flat_fields():
-        rules = s.rules
-        if "enum" in rules:
-            allowed = " ".join(f"`{v}`" for v in rules["enum"])
-        elif "exclusive_minimum" in rules:
-            allowed = f"> {rules['exclusive_minimum']}, <= {rules['maximum']}"
-        elif "minimum" in rules:
-            allowed = f"{rules['minimum']} .. {rules['maximum']}"
-        else:
-            allowed = "pattern" if "pattern" in rules else ""
         default = "empty" if s.default in ("", None, []) else f"`{json.dumps(s.default)}`"
         where = " (deployment)" if s.deployment else ""
-        rows.append(f"| `{s.key}` | {s.path}{where} | {s.type} | {default} | {allowed} "
+        rows.append(f"| `{s.key}` | {s.path}{where} | {s.type} | {default} | {s.allowed} "
                     f"| {s.description} |")
     return "\n".join(rows)
 

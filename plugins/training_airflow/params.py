@@ -184,17 +184,8 @@ def form_markdown() -> str:
     """The trigger form as a Markdown table, by section (pasted into the README)."""
     rows = ["| section | field (conf key) | type | default | allowed |", "|---|---|---|---|---|"]
     for spec in sorted(form_fields(), key=lambda s: list(SECTION_TITLES).index(s.section)):
-        rules = spec.rules
-        if "enum" in rules:
-            allowed = ", ".join(f"`{v}`" for v in rules["enum"])
-        elif "minimum" in rules or "exclusive_minimum" in rules:
-            low = rules.get("minimum", rules.get("exclusive_minimum"))
-            op = "<" if "exclusive_minimum" in rules else "<="
-            allowed = f"{low} {op} x <= {rules['maximum']}"
-        elif spec.type == "array":
-            allowed = "device names like /gpu:0 or /cpu:0, one per line in the form"
-        else:
-            allowed = spec.says or "any"
+        allowed = ("device names like /gpu:0 or /cpu:0, one per line in the form"
+                   if spec.type == "array" else spec.allowed)
         default = "empty" if spec.default in ("", None, []) else f"`{json.dumps(spec.default)}`"
         rows.append(f"| {SECTION_TITLES[spec.section]} | `{spec.key}` | {spec.type} "
                     f"| {default} | {allowed} |")

@@ -17,7 +17,7 @@ from training.errors import ConfigError
         ({"learning_rate": float("nan")}, "fit.learning_rate must be a finite number, got nan"),
         ({"epochs": "3"}, "fit.epochs must be between 1 and 1000, got '3' (str)"),
         ({"epochs": True}, "got True (bool)"),
-        ({"restore_best_weights": "yes"}, "fit.restore_best_weights must be a bool"),
+        ({"restore_best_weights": "yes"}, "fit.restore_best_weights must be true or false"),
         ({"devices": ["gpu0"]}, "runtime.devices must hold device names like /gpu:0"),
         ({"dataset": "../etc"}, "dataset.name must be a dataset name: lower-case letters"),
         ({"run_id": "a/b"}, "storage.run_id must be empty, or a run id of 1 to 128 letters"),
@@ -98,3 +98,30 @@ def test_schema_exports_every_field_with_type_default_bounds_enum_description():
 def test_schema_defaults_are_a_valid_config():
     defaults = {k: v["default"] for k, v in json_schema(flat=True)["properties"].items()}
     assert RunConfig.from_flat(defaults) == RunConfig()
+
+
+@pytest.mark.parametrize("strategy", ["one_device", "mirrored"])
+def test_several_workers_need_a_strategy_that_spans_them(strategy):
+    with pytest.raises(ConfigError, match=(
+            f"runtime.strategy must be 'auto' or 'multi_worker' .* got '{strategy}' with "
+            f"runtime.workers=2: with '{strategy}' every worker would train alone")):
+        RunConfig.from_flat({"workers": 2, "strategy": strategy})
+    # the same rule from a JSON file and from a config's overrides
+    with pytest.raises(ConfigError, match="every worker would train alone"):
+        RunConfig.from_dict({"runtime": {"workers": 3, "strategy": strategy}})
+    with pytest.raises(ConfigError, match="every worker would train alone"):
+        RunConfig.from_flat({"strategy": strategy}).with_overrides({"workers": 2})
+    for fine in ("auto", "multi_worker", "tpu"):
+        assert RunConfig.from_flat({"workers": 2, "strategy": fine}).runtime.workers == 2
+
+
+def test_every_rule_reads_the_same_in_errors_help_and_tables():
+    from training.cli import build_parser, markdown_table
+
+    spec = next(s for s in flat_fields() if s.key == "epochs")
+    assert spec.allowed == "between 1 and 1000"
+    with pytest.raises(ConfigError, match="fit.epochs must be between 1 and 1000, got 0"):
+        RunConfig.from_flat({"epochs": 0})
+    train_help = build_parser()._subparsers._group_actions[0].choices["train"].format_help()
+    assert "Allowed: between 1 and 1000." in " ".join(train_help.split())
+    assert "| between 1 and 1000 |" in markdown_table()

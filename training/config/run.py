@@ -1,0 +1,192 @@
+"""``RunConfig``: the six sections together, the rules across fields, the run's identity.
+
+Built from a nested dict (a JSON file), flat keys (CLI flags, Airflow params) or
+overrides of another config; validated once, when built, and frozen. The run id and the
+model name derive from the config, so a retry lands in the same run directory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from training.config.schema import FieldSpec, field_specs, property_schema
+from training.config.sections import (
+    SECTIONS,
+    DatasetConfig,
+    FitConfig,
+    ModelConfig,
+    PromotionConfig,
+    RuntimeConfig,
+    StorageConfig,
+)
+from training.errors import ConfigError, shown
+
+
+def check_across(cfg: RunConfig) -> None:
+    """The rules that span fields, checked whenever a config is built (so in the first
+    task of an Airflow run, before anything is staged; the trigger form can only check
+    each field alone). A launcher checks only what depends on its own settings."""
+    runtime = cfg.runtime
+    if runtime.workers > 1 and runtime.strategy not in ("auto", "multi_worker", "tpu"):
+        raise ConfigError(
+            f"runtime.strategy must be 'auto' or 'multi_worker' (or 'tpu' for a TPU slice) "
+            f"when runtime.workers is more than 1, got {runtime.strategy!r} with "
+            f"runtime.workers={runtime.workers}: with {runtime.strategy!r} every worker "
+            "would train alone")
+
+
+def flat_fields() -> list[FieldSpec]:
+    """Every field of every section, in declaration order."""
+    return field_specs(SECTIONS)
+
+
+def json_schema(flat: bool = False) -> dict[str, Any]:
+    """JSON Schema of the config: nested by section, or flat by key (the form's shape)."""
+    specs = flat_fields()
+    if flat:
+        return {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {s.key: property_schema(s) for s in specs},
+        }
+    sections: dict[str, Any] = {}
+    for s in specs:
+        sec = sections.setdefault(
+            s.section, {"type": "object", "additionalProperties": False, "properties": {}}
+        )
+        sec["properties"][s.name] = property_schema(s)
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": "RunConfig",
+        "type": "object",
+        "additionalProperties": False,
+        "properties": sections,
+    }
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    dataset: DatasetConfig = field(default_factory=DatasetConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    fit: FitConfig = field(default_factory=FitConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    promotion: PromotionConfig = field(default_factory=PromotionConfig)
+    storage: StorageConfig = field(default_factory=StorageConfig)
+
+    def __post_init__(self) -> None:
+        check_across(self)
+
+    # --- construction -------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RunConfig:
+        """Build from a nested dict (a JSON config file); unknown keys are errors."""
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"config must be a JSON object, got {type(data).__name__}")
+        unknown = set(data) - set(SECTIONS)
+        if unknown:
+            raise ConfigError(
+                f"unknown config section {sorted(unknown)[0]!r}; allowed: "
+                + ", ".join(SECTIONS)
+            )
+        sections = {}
+        for name, section_cls in SECTIONS.items():
+            values = data.get(name, {})
+            if not isinstance(values, Mapping):
+                raise ConfigError(f"{name} must be an object, got {values!r}")
+            allowed = [f.name for f in dataclasses.fields(section_cls)]
+            for key in values:
+                if key not in allowed:
+                    raise ConfigError(
+                        f"unknown config key {name}.{key!s}; allowed: {', '.join(allowed)}"
+                    )
+            sections[name] = section_cls(**values)
+        return cls(**sections)
+
+    @classmethod
+    def from_flat(cls, values: Mapping[str, Any]) -> RunConfig:
+        """Build from flat keys (CLI flags, Airflow params); unknown keys are errors."""
+        return cls().with_overrides(values)
+
+    @classmethod
+    def from_json(cls, text: str) -> RunConfig:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"config is not valid JSON: {exc}") from None
+        except RecursionError:
+            raise ConfigError("config is nested too deeply to be a config (a config is "
+                              "sections of flat values)") from None
+        return cls.from_dict(data)
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> RunConfig:
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"config file {shown(str(path))} is not UTF-8 text (byte "
+                              f"{exc.start}): save it as UTF-8 JSON") from None
+        except OSError as exc:
+            raise ConfigError(f"cannot read config file {shown(str(path))}: "
+                              f"{exc.strerror}") from None
+        return cls.from_json(text)
+
+    def with_overrides(self, values: Mapping[str, Any]) -> RunConfig:
+        """A new, validated config with flat ``key: value`` overrides applied."""
+        by_key = {s.key: s for s in flat_fields()}
+        data = self.to_dict()
+        for key, value in values.items():
+            if key not in by_key:
+                close = difflib.get_close_matches(str(key), by_key, n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise ConfigError(
+                    f"unknown config key {key!r}{hint}; allowed: {', '.join(sorted(by_key))}"
+                )
+            spec = by_key[key]
+            data[spec.section][spec.name] = value
+        return RunConfig.from_dict(data)
+
+    # --- output -------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_flat(self) -> dict[str, Any]:
+        return {s.key: getattr(getattr(self, s.section), s.name) for s in flat_fields()}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
+
+    def write(self, directory: str | Path) -> Path:
+        """Write the effective config as ``config.json`` into ``directory``."""
+        path = Path(directory) / "config.json"
+        path.write_text(self.to_json())
+        return path
+
+    def fingerprint(self) -> str:
+        """A short hash of everything that changes the trained model."""
+        data = self.to_dict()
+        data["storage"] = {}  # where outputs go does not change the model
+        data["promotion"] = {}  # nor does the promotion policy
+        data["dataset"].pop("staging_dir")
+        blob = json.dumps(data, sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:12]
+
+    @property
+    def run_id(self) -> str:
+        """The run's id: given, or derived from the config so a retry lands in place."""
+        return self.storage.run_id or (
+            f"{self.dataset.name.replace('/', '-')}-{self.model.name}-{self.fingerprint()}"
+        )
+
+    @property
+    def model_name(self) -> str:
+        return self.storage.model_name or f"{self.dataset.name.replace('/', '-')}-{self.model.name}"
+
+    def run_dir(self) -> Path:
+        return Path(self.storage.output_dir) / self.run_id
