@@ -26,11 +26,16 @@ import os
 from datetime import timedelta
 
 import pendulum
-from airflow.sdk import DAG, Asset, task
+from airflow.sdk import DAG, Asset
 
 from training_airflow.operators import TrainOperator
 from training_airflow.params import dag_params
-from training_airflow.tasks import EvaluateOperator, PromoteOperator, PublishOperator
+from training_airflow.tasks import (
+    EvaluateOperator,
+    PromoteOperator,
+    PublishOperator,
+    StageOperator,
+)
 
 SCHEDULE = os.environ.get("TRAINING_SCHEDULE", "0 3 * * *") or None
 STAGED_DATASET = Asset(name="training_staged_dataset", uri="x-training://datasets/staged")
@@ -55,20 +60,10 @@ with DAG(
     },
 ) as dag:
 
-    @task(outlets=[STAGED_DATASET], execution_timeout=timedelta(hours=2), multiple_outputs=False)
-    def stage_dataset(params=None, run_id=None, outlet_events=None) -> dict:
-        from training.data import staging
-        from training_airflow.params import config_for_run
-        from training_airflow.quiet import stderr_without_noise
-
-        with stderr_without_noise():
-            staged = staging.stage(config_for_run(params, run_id).dataset).to_dict()
-        outlet_events[STAGED_DATASET].extra = staged
-        return staged
-
-    staged = stage_dataset()
-    trained = TrainOperator(task_id="train", execution_timeout=timedelta(hours=12)).output
-    staged >> trained
+    staged = StageOperator(task_id="stage_dataset", outlets=[STAGED_DATASET],
+                           execution_timeout=timedelta(hours=2)).output
+    trained = TrainOperator(task_id="train", staged=staged,
+                            execution_timeout=timedelta(hours=12)).output
     evaluation = EvaluateOperator(task_id="evaluate", staged=staged, trained=trained).output
     published = PublishOperator(task_id="publish", evaluation=evaluation).output
     PromoteOperator(task_id="promote", published=published, outlets=[PRODUCTION_MODEL],

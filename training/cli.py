@@ -15,6 +15,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from training.config import SECTIONS, FieldSpec, RunConfig, flat_fields, json_schema
@@ -24,8 +25,12 @@ from training.locks import claim_run
 log = logging.getLogger("training")
 
 
-def _add_config_flags(parser: argparse.ArgumentParser) -> None:
+def _add_config_flags(parser: argparse.ArgumentParser, staged: bool = True) -> None:
     parser.add_argument("--config", metavar="FILE", help="JSON config file (nested by section)")
+    if staged:
+        parser.add_argument("--staged", metavar="FILE",
+                            help="the staged dataset that `stage` printed (its JSON): use "
+                                 "it, verified, instead of staging again")
     for group_name in SECTIONS:
         group = parser.add_argument_group(f"{group_name} settings")
         for spec in (s for s in flat_fields() if s.section == group_name):
@@ -83,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     }
     for name, text in commands.items():
         cmd = sub.add_parser(name, help=text, description=text, allow_abbrev=False)
-        _add_config_flags(cmd)
+        _add_config_flags(cmd, staged=name != "stage")
     models = sub.add_parser("models", help="List, show, promote or roll back model versions.",
                             description="Read and move the model registry in a store.",
                             allow_abbrev=False)
@@ -114,10 +119,33 @@ def load_config(args: argparse.Namespace) -> RunConfig:
     return base.with_overrides(values)
 
 
-def _stage(cfg: RunConfig):
+def _read_staged(path: str):
+    """A staged dataset from a file: ``stage``'s output line, or the dict in it."""
+    from training.data.staging import StagedDataset
+
+    try:
+        data = json.loads(Path(path).read_text())
+        return StagedDataset.from_dict(data.get("staged", data))
+    except (OSError, ValueError, TypeError, AttributeError) as exc:
+        raise ConfigError(f"--staged {path} is not a staged dataset ({shown(exc)}): pass "
+                          "the JSON that `stage` printed") from None
+
+
+def _stage(cfg: RunConfig, staged_file: str | None):
+    """The run's staged dataset: the one a previous step handed over, else staged now."""
     from training.data import staging  # heavy (tfds): after the config is valid
 
-    staged = staging.stage(cfg.dataset)
+    if staged_file:
+        staged = _read_staged(staged_file)
+        asked = (cfg.dataset.name, cfg.dataset.version or staged.version)
+        if (staged.name, staged.version) != asked:
+            raise ConfigError(f"--staged {staged_file} holds dataset {staged.key!r}, but the "
+                              f"config asks for {':'.join(asked)!r}: stage this config's "
+                              "dataset, or leave --staged out")
+        staging.verify(staged)
+        log.info("using the staged dataset %s from %s", staged.key, staged_file)
+    else:
+        staged = staging.stage(cfg.dataset)
     print(json.dumps({"staged": staged.to_dict()}))
     return staged
 
@@ -133,7 +161,8 @@ def execute(args: argparse.Namespace) -> int:
     cfg = load_config(args)
     log.info("%s run %s: configuration valid; loading TensorFlow and tensorflow-datasets",
              args.command, cfg.run_id)
-    staged = _stage(cfg)  # resolves the dataset name before anything is written
+    # Resolves the dataset name before anything is written.
+    staged = _stage(cfg, getattr(args, "staged", None))
     if args.command == "stage":
         return 0
     if os.environ.get("TF_CONFIG"):

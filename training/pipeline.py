@@ -5,7 +5,7 @@ DAG call the same way. Inputs and outputs are small dicts and paths, never model
 so they travel through XCom. A step re-run for the same run gives the same result:
 
 * ``evaluate`` re-evaluates both models and rewrites ``evaluation.json``;
-* ``publish`` uploads to ``models/<name>/versions/<run_id>/``; identical bytes are a
+* ``publish`` uploads the run's ``model/`` as version ``<run_id>``; identical bytes are a
   no-op, so a retry completes an interrupted upload;
 * ``promote`` is a no-op when the version is already in production.
 """
@@ -19,20 +19,22 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from training import layout
 from training.config import RunConfig
 from training.data import staging
+from training.data.input import load_builder, make_dataset
 from training.data.staging import StagedDataset
 from training.errors import RegistryError, shown
 from training.evaluate import evaluate_model
+from training.layout import model_dir
 from training.locks import claim_run
 from training.registry.policy import PromotionPolicy, decide
-from training.registry.store import S3Options, open_store
+from training.registry.s3 import S3Options
+from training.registry.store import open_store
 from training.registry.versions import ModelRegistry
-from training.train.fit import model_dir
 
 log = logging.getLogger(__name__)
 
-EVALUATION = "evaluation.json"
 TEST_BATCH = 256
 
 
@@ -42,9 +44,9 @@ def open_registry(cfg: RunConfig, options: S3Options | None = None) -> ModelRegi
 
 
 def _test_split(staged: StagedDataset, seed: int) -> Any:
-    builder = staging.load_builder(staged)
-    return staging.make_dataset(builder, "test", global_batch_size=TEST_BATCH, shuffle=False,
-                                 seed=seed)
+    builder = load_builder(staged)
+    return make_dataset(builder, "test", global_batch_size=TEST_BATCH, shuffle=False,
+                        seed=seed)
 
 
 def _load(path: str | Path) -> Any:
@@ -64,28 +66,37 @@ def _load(path: str | Path) -> Any:
             + f": {shown(exc)}") from exc
 
 
-def evaluate(cfg: RunConfig, staged: StagedDataset, registry: ModelRegistry) -> dict[str, Any]:
+def _run_dir(cfg: RunConfig, run_dir: str | os.PathLike[str] | None) -> Path:
+    """The run directory a step works on: the one the step before reported (Airflow
+    passes ``train``'s), or, called without one, the config's own (the CLI)."""
+    return Path(run_dir) if run_dir is not None else cfg.run_dir()
+
+
+def evaluate(cfg: RunConfig, staged: StagedDataset, registry: ModelRegistry, *,
+             run_dir: str | os.PathLike[str] | None = None) -> dict[str, Any]:
     """Evaluate the new model and the production model on the same test split; decide.
 
     Writes ``evaluation.json`` into the model directory (so it is published with the
     version) and returns it. A model that is not promoted always says why.
     """
-    with claim_run(cfg.run_dir(), cfg.run_id):
-        return _evaluate(cfg, staged, registry)
+    run_dir = _run_dir(cfg, run_dir)
+    with claim_run(run_dir, cfg.run_id):
+        return _evaluate(cfg, staged, registry, run_dir)
 
 
-def _evaluate(cfg: RunConfig, staged: StagedDataset, registry: ModelRegistry) -> dict[str, Any]:
-    out = model_dir(cfg.run_dir())
+def _evaluate(cfg: RunConfig, staged: StagedDataset, registry: ModelRegistry,
+              run_dir: Path) -> dict[str, Any]:
+    out = model_dir(run_dir)
     name = cfg.model_name
     published = published_evaluation(cfg, registry)
     if published is not None:
         # A re-run after publish: the version is immutable and its decision stands.
         log.info("%s %s is already published; its evaluation stands", name, cfg.run_id)
-        (out / EVALUATION).write_text(json.dumps(published, indent=2) + "\n")
+        (out / layout.EVALUATION).write_text(json.dumps(published, indent=2) + "\n")
         return published
     staging.verify(staged)
     test = _test_split(staged, cfg.fit.seed)
-    challenger = evaluate_model(_load(out / "model.keras"), test)
+    challenger = evaluate_model(_load(out / layout.MODEL_FILE), test)
     champion_version = registry.production(name)
     champion = None
     if champion_version is not None:
@@ -109,11 +120,12 @@ def _evaluate(cfg: RunConfig, staged: StagedDataset, registry: ModelRegistry) ->
                    "force_promote": cfg.promotion.force_promote},
         "decision": decision.to_dict(),
     }
-    (out / EVALUATION).write_text(json.dumps(evaluation, indent=2) + "\n")
+    (out / layout.EVALUATION).write_text(json.dumps(evaluation, indent=2) + "\n")
     from training.report import build_report  # matplotlib: only where a report is built
 
-    log.info("report: %s (published with the version as models/%s/versions/%s/report/"
-             "index.html)", build_report(out), name, cfg.run_id)
+    log.info("report: %s (published with the version as %s)", build_report(out),
+             layout.version_key(name, cfg.run_id,
+                                f"{layout.REPORT_DIR}/{layout.REPORT_INDEX}"))
     verdict = "promote" if decision.promote else "keep production"
     log.info("decision for %s %s: %s%s", name, cfg.run_id, verdict,
              " (forced)" if decision.forced else "")
@@ -122,8 +134,9 @@ def _evaluate(cfg: RunConfig, staged: StagedDataset, registry: ModelRegistry) ->
     return evaluation
 
 
-def read_evaluation(cfg: RunConfig) -> dict[str, Any]:
-    path = model_dir(cfg.run_dir()) / EVALUATION
+def read_evaluation(cfg: RunConfig, run_dir: str | os.PathLike[str] | None = None
+                    ) -> dict[str, Any]:
+    path = model_dir(_run_dir(cfg, run_dir)) / layout.EVALUATION
     try:
         return json.loads(path.read_text())
     except FileNotFoundError:
@@ -140,22 +153,24 @@ def published_evaluation(cfg: RunConfig, registry: ModelRegistry) -> dict[str, A
         registry.show(cfg.model_name, cfg.run_id)
     except RegistryError:
         return None
-    key = f"models/{cfg.model_name}/versions/{cfg.run_id}/{EVALUATION}"
+    key = layout.version_key(cfg.model_name, cfg.run_id, layout.EVALUATION)
     return json.loads(registry.store.get_bytes(key))
 
 
 def publish(cfg: RunConfig, registry: ModelRegistry, *, created: str,
-            source: dict[str, str] | None = None) -> dict[str, Any]:
+            source: dict[str, str] | None = None,
+            run_dir: str | os.PathLike[str] | None = None) -> dict[str, Any]:
     """Upload the run's model directory as version ``cfg.run_id``; return a small summary.
 
     ``created`` comes from the caller (the Airflow run's date, or the time training
     started), never the clock at upload, so a retry writes the same manifest.
     ``source`` names what produced the version (the Airflow DAG run and its URL).
     """
-    with claim_run(cfg.run_dir(), cfg.run_id):
-        evaluation = read_evaluation(cfg)
+    run_dir = _run_dir(cfg, run_dir)
+    with claim_run(run_dir, cfg.run_id):
+        evaluation = read_evaluation(cfg, run_dir)
         metrics = {k: evaluation["challenger"][k] for k in ("accuracy", "loss", "macro_f1")}
-        manifest = registry.publish(cfg.model_name, cfg.run_id, model_dir(cfg.run_dir()),
+        manifest = registry.publish(cfg.model_name, cfg.run_id, model_dir(run_dir),
                                     run_id=cfg.run_id, created=created, metrics=metrics,
                                     source=source, max_bytes=cfg.storage.max_version_mb << 20)
     summary = {"model_name": cfg.model_name, "version": cfg.run_id,
@@ -194,7 +209,7 @@ def promote(cfg: RunConfig, registry: ModelRegistry, *, at: str) -> dict[str, An
 
 def started_at(cfg: RunConfig) -> str:
     """When the run's training started, as recorded in ``run.json`` (ISO 8601)."""
-    path = model_dir(cfg.run_dir()) / "run.json"
+    path = model_dir(cfg.run_dir()) / layout.RUN
     try:
         return json.loads(path.read_text())["started_at"]
     except (OSError, ValueError, KeyError) as exc:
@@ -204,4 +219,5 @@ def started_at(cfg: RunConfig) -> str:
 
 def artifact_paths(cfg: RunConfig) -> dict[str, str]:
     out = model_dir(cfg.run_dir())
-    return {"model": os.fspath(out / "model.keras"), "evaluation": os.fspath(out / EVALUATION)}
+    return {"model": os.fspath(out / layout.MODEL_FILE),
+            "evaluation": os.fspath(out / layout.EVALUATION)}

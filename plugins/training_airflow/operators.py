@@ -10,7 +10,8 @@ message is the child's ``error:`` line. The child gets the store's credentials
 through its environment only. The run's config is written to
 ``<output_dir>/<run_id>.launch.json`` and passed with ``--config``; because the run id
 comes from the Airflow run, a retry lands in the same run directory and
-BackupAndRestore resumes it.
+BackupAndRestore resumes it. The dataset is the one ``stage_dataset`` staged (its XCom,
+written beside the config and passed with ``--staged``), verified, never staged again.
 
 ``launcher=kubernetes`` runs the run's pods as an Indexed Job through the cncf-kubernetes
 provider's ``KubernetesHook`` and follows it to the end
@@ -24,6 +25,7 @@ the config and the context. A launcher that needs its own clean-up on kill sets
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -80,9 +82,12 @@ def _launch_local(operator: TrainOperator, cfg: Any, context: Any) -> dict[str, 
     output_dir.mkdir(parents=True, exist_ok=True)
     config_path = output_dir / f"{cfg.run_id}.launch.json"
     config_path.write_text(cfg.to_json())
+    staged_path = output_dir / f"{cfg.run_id}.staged.json"  # stage_dataset's XCom
+    staged_path.write_text(json.dumps(operator.staged))
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1",
            **subprocess_env(s3_options(cfg.storage.store_uri, aws_conn_id()))}
-    command = [sys.executable, "-m", "training", "train", "--config", os.fspath(config_path)]
+    command = [sys.executable, "-m", "training", "train", "--config", os.fspath(config_path),
+               "--staged", os.fspath(staged_path)]
     operator.log.info("starting the training process (TensorFlow loads for about 15 s "
                       "before the first epoch): %s", " ".join(command))
     code, error = run_child(operator, command, env, os.fspath(output_dir))
@@ -109,12 +114,15 @@ LAUNCHERS: dict[str, Callable[[TrainOperator, Any, Any], dict[str, Any]]] = {
 
 
 class TrainOperator(BaseOperator):
-    """Train the run's model with the launcher its params ask for; XCom: the run dir."""
+    """Train the run's model on the staged dataset (``stage_dataset``'s XCom) with the
+    launcher its params ask for; XCom: the run dir."""
 
+    template_fields = ("staged",)
     ui_color = "#ffd8a8"
 
-    def __init__(self, **kwargs: Any) -> None:
+    def __init__(self, *, staged: Any, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self.staged = staged
         self.child: subprocess.Popen | None = None
         self.stop: Callable[[], None] | None = None  # set by launchers with their own kill
 

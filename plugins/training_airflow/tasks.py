@@ -1,9 +1,11 @@
-"""The DAG's steps after training: one operator each, one library call each.
+"""The DAG's steps: one operator each, one library call each.
 
-``EvaluateOperator``, ``PublishOperator`` and ``PromoteOperator`` take what the step
-before produced from its XCom (template fields holding ``XComArg``s, which also wire
-the dependencies), build the run's validated config from the params, open the
-deployment's registry and call ``training.pipeline``.
+``StageOperator`` stages the dataset (``training.data.staging``); ``TrainOperator``
+(``operators.py``) launches training on it. ``EvaluateOperator``, ``PublishOperator``
+and ``PromoteOperator`` take what the step before produced from its XCom (template
+fields holding ``XComArg``s, which also wire the dependencies: the staged dataset, the
+run directory, the evaluation), build the run's validated config from the params, open
+the deployment's registry and call ``training.pipeline``.
 
 Each carries a "Model version" extra link (in the task's Details tab): the version
 on the Models page (``/models/#<model>/<version>`` under the path of ``[api]
@@ -67,6 +69,24 @@ class _ModelStep(BaseOperator):
         raise NotImplementedError
 
 
+class StageOperator(BaseOperator):
+    """Stages the run's dataset once (a cache hit afterwards); XCom: the staged dataset,
+    also the ``extra`` of the task's outlet Assets."""
+
+    ui_color = "#e5dbff"
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        from training.data import staging
+        from training_airflow.quiet import stderr_without_noise
+
+        cfg = config_for_run(context["params"], context["run_id"])
+        with stderr_without_noise():  # tensorflow-datasets loads TensorFlow
+            staged = staging.stage(cfg.dataset).to_dict()
+        for asset in self.outlets:
+            context["outlet_events"][asset].extra = staged
+        return staged
+
+
 class EvaluateOperator(_ModelStep):
     """The new model against production on the same test split; the decision."""
 
@@ -81,7 +101,8 @@ class EvaluateOperator(_ModelStep):
         from training import pipeline
         from training.data.staging import StagedDataset
 
-        evaluation = pipeline.evaluate(cfg, StagedDataset.from_dict(self.staged), registry)
+        evaluation = pipeline.evaluate(cfg, StagedDataset.from_dict(self.staged), registry,
+                                       run_dir=self.trained["run_dir"])
         return {"version": evaluation["version"], "decision": evaluation["decision"],
                 "accuracy": evaluation["challenger"]["accuracy"],
                 "champion": evaluation["champion"], "run_dir": self.trained["run_dir"]}
@@ -103,7 +124,7 @@ class PublishOperator(_ModelStep):
         dag_run = context["dag_run"]
         source = {"dag_id": dag_run.dag_id, "run_id": dag_run.run_id}
         return pipeline.publish(cfg, registry, created=dag_run.run_after.isoformat(),
-                                source=source)
+                                source=source, run_dir=self.evaluation["run_dir"])
 
 
 class PromoteOperator(_ModelStep):
