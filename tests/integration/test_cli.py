@@ -1,25 +1,12 @@
 """``python -m training`` as a user runs it: real subprocesses in an empty directory."""
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from support.cli import cli, last_json
 
 pytestmark = pytest.mark.slow
-
-
-def cli(cwd: Path, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
-    return subprocess.run([sys.executable, "-m", "training", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=timeout)
-
-
-def last_json(stdout: str, key: str | None = None) -> dict:
-    lines = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
-    return [d for d in lines if key is None or key in d][-1]
 
 
 def test_main_command_trains_the_seed_mlp_on_digits_to_95_percent(tmp_path):
