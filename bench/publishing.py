@@ -20,9 +20,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from _common import Report, median, timed  # noqa: E402
-from s3server import MotoServer  # noqa: E402
+from support.s3server import MotoServer  # noqa: E402
 
-from training.registry.store import S3Store  # noqa: E402
+from training.registry.s3 import S3Store  # noqa: E402
 
 
 def main() -> None:

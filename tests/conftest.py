@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from s3server import MotoServer
+from support.s3server import MotoServer
 
 ROOT = Path(__file__).resolve().parents[1]
 AIRFLOW_HOME = tempfile.mkdtemp(prefix="airflow-home-")

@@ -5,14 +5,19 @@ from __future__ import annotations
 import hashlib
 import os
 
-_CHUNK = 1024 * 1024
+CHUNK = 1024 * 1024  # bytes read or written at a time when streaming a file
+
+
+def sha256_bytes(data: bytes) -> str:
+    """Hex SHA-256 of bytes in memory."""
+    return hashlib.sha256(data).hexdigest()
 
 
 def sha256_file(path: str | os.PathLike[str]) -> str:
     """Hex SHA-256 of a file, read in chunks."""
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
-        while block := handle.read(_CHUNK):
+        while block := handle.read(CHUNK):
             digest.update(block)
     return digest.hexdigest()
 

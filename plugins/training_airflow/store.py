@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from training.registry.store import S3Options
+from training.registry.s3 import S3Options
 
 
 def s3_options(store_uri: str, conn_id: str) -> S3Options | None:

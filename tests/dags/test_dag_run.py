@@ -8,7 +8,7 @@ import os
 import uuid
 
 import pytest
-from s3server import REGION
+from support.s3server import REGION
 
 pytestmark = pytest.mark.slow
 

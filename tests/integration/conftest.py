@@ -1,6 +1,6 @@
 """Stores for the integration tests: a bucket on the session's S3 server, a local dir.
 
-The S3 server (moto's standalone server in a child process) is ``tests/s3server.py``;
+The S3 server (moto's standalone server in a child process) is ``tests/support/s3server.py``;
 the session fixture ``moto_server`` lives in ``tests/conftest.py``.
 """
 
@@ -9,9 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from s3server import MotoServer
+from support.s3server import MotoServer
 
-from training.registry.store import FileStore, S3Store
+from training.registry.local import FileStore
+from training.registry.s3 import S3Store
 
 
 @pytest.fixture

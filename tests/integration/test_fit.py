@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from training.config import RunConfig
-from training.data import staging
+from training.data.input import load_builder, make_dataset
 from training.train.fit import train
 
 pytestmark = pytest.mark.slow
@@ -66,8 +66,8 @@ def test_saved_model_predicts_the_same_classes_as_the_keras_model(trained_run, s
     _, result = trained_run
     model = keras.saving.load_model(result.model_path, safe_mode=True)
     served = tf.saved_model.load(result.saved_model_path)
-    builder = staging.load_builder(staged_digits)
-    test = staging.make_dataset(builder, "test", global_batch_size=128, shuffle=False, seed=0)
+    builder = load_builder(staged_digits)
+    test = make_dataset(builder, "test", global_batch_size=128, shuffle=False, seed=0)
     keras_classes, served_classes = [], []
     for images, _ in test:
         keras_classes.append(np.argmax(model.predict(images, verbose=0), axis=1))
@@ -103,9 +103,9 @@ def test_plateau_fires_early_stopping_and_lr_reduction_and_restores_the_best_epo
 
     # The saved model carries the best epoch's weights: its validation loss is the best one.
     model = keras.saving.load_model(result.model_path, safe_mode=True)
-    builder = staging.load_builder(staged_digits)
-    val = staging.make_dataset(builder, "validation", global_batch_size=64, shuffle=False,
-                                seed=0)
+    builder = load_builder(staged_digits)
+    val = make_dataset(builder, "validation", global_batch_size=64, shuffle=False,
+                       seed=0)
     loss, _ = model.evaluate(val, verbose=0)
     assert loss == pytest.approx(min(val_loss), rel=1e-3)
     assert loss < val_loss[-1]

@@ -7,9 +7,10 @@ import threading
 from pathlib import Path
 
 import pytest
+from support.cutproxy import CutProxy
 
 from training.errors import ConflictError, IntegrityError, RegistryError, StorageError
-from training.registry.store import S3Store
+from training.registry.s3 import S3Store
 from training.registry.versions import ModelRegistry
 
 T0 = "2025-01-01T00:00:00+00:00"
@@ -97,13 +98,15 @@ def test_publish_verify_promote_rollback_round_trip(registry, store, tmp_path):
         registry.promote("mnist", "v2", run_id="r", at=T2, reason="x", expected_current="v2")
 
 
-def test_load_path_downloads_and_verifies(registry, tmp_path):
+def test_download_copies_every_published_file_byte_for_byte(registry, tmp_path):
     out = make_output(tmp_path / "run", "one")
     registry.publish("m", "v1", out, run_id="r", created=T0)
     dest = Path(registry.download("m", "v1", tmp_path / "dl"))
-    for f in out.rglob("*"):
-        if f.is_file():
-            assert (dest / f.relative_to(out)).read_bytes() == f.read_bytes()
+    assert dest == tmp_path / "dl"
+    published = {f.relative_to(out) for f in out.rglob("*") if f.is_file()}
+    assert {f.relative_to(dest) for f in dest.rglob("*") if f.is_file()} == published
+    for rel in published:
+        assert (dest / rel).read_bytes() == (out / rel).read_bytes()
 
 
 def test_a_flipped_byte_fails_verification_and_blocks_promotion(registry, store, tmp_path, corrupt):
@@ -212,9 +215,9 @@ def test_publish_inputs_are_validated(registry, store, tmp_path):
     assert store.list("") == []
 
 
-class _PauseAfter:
+class _FailAfter:
     """Delegates to a store; runs ``action`` once ``n`` files are uploaded, just before
-    the next upload starts (so that upload is the call that meets the broken server)."""
+    the next upload starts (so that upload is the call that meets the broken link)."""
 
     def __init__(self, inner, n, action):
         self._inner, self._n, self._action = inner, n, action
@@ -230,24 +233,36 @@ class _PauseAfter:
         return getattr(self._inner, name)
 
 
-def test_publish_survives_a_hung_s3_server(moto_server, bucket, tmp_path):
-    """The server freezes (SIGSTOP) after 3 of 10 files: the publish fails with
-    StorageError, production and v1 are untouched, no v2 exists; after the server is
-    back (SIGCONT) a retry completes v2, leaving exactly one complete v2."""
-    fast = moto_server.options(read_timeout_s=1, connect_timeout_s=1, max_attempts=2)
-    store = S3Store(bucket, "reg", fast)
+@pytest.fixture
+def proxy(moto_server):
+    """A link to the session's S3 server that the test cuts and restores."""
+    link = CutProxy("127.0.0.1", moto_server.port)
+    try:
+        yield link
+    finally:
+        link.close()
+
+
+def test_publish_survives_a_cut_link_to_s3(moto_server, proxy, bucket, tmp_path):
+    """The link to the server is cut after 3 of 10 files (every connection dropped, new
+    ones reset at once, no timeout involved): the publish fails with StorageError,
+    production and v1 are untouched, no v2 exists; once the link is back (the server
+    kept its state all along) a retry completes v2, leaving exactly one complete v2."""
+    store = S3Store(bucket, "reg", moto_server.options(endpoint_url=proxy.endpoint,
+                                                       max_attempts=2))
     registry = ModelRegistry(store, check_model=False)
     out1 = make_output(tmp_path / "run1", "one")
     registry.publish("m", "v1", out1, run_id="r1", created=T0, metrics={"accuracy": 0.9})
     registry.promote("m", "v1", run_id="r1", at=T0, reason="first")
 
     out2 = make_output(tmp_path / "run2", "two", extra=3)
-    flaky = ModelRegistry(_PauseAfter(store, 3, moto_server.pause), check_model=False)
+    flaky = ModelRegistry(_FailAfter(store, 3, proxy.cut), check_model=False)
     try:
-        with pytest.raises(StorageError, match="cannot upload .*extra"):
+        with pytest.raises(StorageError, match="cannot upload .*extra-1.bin"):
             flaky.publish("m", "v2", out2, run_id="r2", created=T1, metrics={"accuracy": 0.95})
+        assert flaky.store.uploaded == 3
     finally:
-        moto_server.resume()
+        proxy.restore()
 
     assert registry.production("m") == "v1"
     assert [v["version"] for v in registry.list_versions("m")] == ["v1"]
@@ -266,16 +281,17 @@ def test_publish_survives_a_hung_s3_server(moto_server, bucket, tmp_path):
 
 
 def test_publish_after_the_s3_server_is_killed_and_restarted(fresh_moto_server, tmp_path):
-    """The server is killed after 2 of 10 uploads: the publish fails with StorageError.
+    """The server is killed after 2 of 10 uploads: the publish fails with StorageError
+    (the connection is refused at once, no timeout involved).
 
-    moto keeps its state in memory, so a kill loses it (the hung-server test above is
+    moto keeps its state in memory, so a kill loses it (the cut-link test above is
     the one that checks state surviving a failure). Here the point is the client: after
     a restart on the same port and a replay of the state before the publish, the same
     store object recovers and the retried publish completes, production untouched.
     """
     server = fresh_moto_server
     bucket = server.create_bucket()
-    store = S3Store(bucket, "", server.options(max_attempts=2, connect_timeout_s=1))
+    store = S3Store(bucket, "", server.options(max_attempts=2))
     registry = ModelRegistry(store, check_model=False)
     out1 = make_output(tmp_path / "run1", "one")
     out2 = make_output(tmp_path / "run2", "two", extra=3)
@@ -285,7 +301,7 @@ def test_publish_after_the_s3_server_is_killed_and_restarted(fresh_moto_server, 
         registry.promote("m", "v1", run_id="r1", at=T0, reason="first")
 
     setup()
-    flaky = ModelRegistry(_PauseAfter(store, 2, server.kill), check_model=False)
+    flaky = ModelRegistry(_FailAfter(store, 2, server.kill), check_model=False)
     with pytest.raises(StorageError, match="cannot upload .*EndpointConnectionError"):
         flaky.publish("m", "v2", out2, run_id="r2", created=T1)
 

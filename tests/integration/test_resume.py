@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from training.config import RunConfig
-from training.data import staging
+from training.data.input import load_builder, make_dataset
 from training.train.fit import train
 from training.train.resume import EXIT_CODE, METADATA_FILE, RESTORED_MARK, STATE_FILE, WEIGHTS_FILE
 
@@ -84,8 +84,8 @@ def _test_accuracy(model_path: str | Path, staged) -> float:
     import keras
 
     model = keras.saving.load_model(model_path, safe_mode=True)
-    test = staging.make_dataset(staging.load_builder(staged), "test",
-                                 global_batch_size=128, shuffle=False, seed=0)
+    test = make_dataset(load_builder(staged), "test",
+                        global_batch_size=128, shuffle=False, seed=0)
     return float(model.evaluate(test, verbose=0, return_dict=True)["accuracy"])
 
 

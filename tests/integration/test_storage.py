@@ -11,7 +11,9 @@ import threading
 import pytest
 
 from training.errors import ConflictError, IntegrityError, StorageError
-from training.registry.store import FileStore, S3Options, S3Store, open_store
+from training.registry.local import FileStore
+from training.registry.s3 import S3Options, S3Store
+from training.registry.store import open_store
 
 
 def test_bytes_round_trip_and_etag_follows_content(store):

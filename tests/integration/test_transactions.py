@@ -21,7 +21,6 @@ import time
 from pathlib import Path
 
 import pytest
-from support.cli import cli, one_error_line
 from support.cutproxy import CutProxy
 from support.s3server import DUMMY_KEY, DUMMY_SECRET, REGION
 
@@ -31,6 +30,21 @@ from training.registry.versions import ModelRegistry
 pytestmark = pytest.mark.slow
 
 FAST = ["--epochs", "3", "--backup-interval-s", "0"]
+
+
+def cli(cwd: Path, *args: str, env: dict[str, str] | None = None,
+        timeout: int = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "training", *args], cwd=cwd,
+                          env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def one_error_line(proc: subprocess.CompletedProcess) -> str:
+    """The failure's single ``error:`` line; no traceback anywhere."""
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    return errors[0]
 
 
 def history_rows(run_dir: Path) -> int:
@@ -269,7 +283,7 @@ def test_sigterm_ends_a_step_that_never_finishes(tmp_path):
     of ``stop_on_sigterm`` exits 143 after the grace period all the same."""
     script = textwrap.dedent("""
         import os, types
-        from training.train.preemption import stop_on_sigterm
+        from training.train.resume import stop_on_sigterm
         read_end, _ = os.pipe()
         with stop_on_sigterm(types.SimpleNamespace(stop_signal=None), grace_s=2):
             print("stuck", flush=True)

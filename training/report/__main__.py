@@ -1,3 +1,3 @@
-from training.report.cli import main
+from training.report import main
 
 raise SystemExit(main())

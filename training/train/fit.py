@@ -42,6 +42,8 @@ from typing import Any
 
 from training.config import FitConfig, RunConfig
 from training.data import staging
+from training.data.catalog import dataset_info
+from training.data.input import load_builder, make_dataset, split_names
 from training.data.staging import StagedDataset
 from training.errors import ConfigError
 from training.locks import claim_run
@@ -247,15 +249,15 @@ def _train(cfg: RunConfig, staged: StagedDataset, resolved: Any,
         "software": software_versions(),
     }, indent=2) + "\n")
 
-    builder = staging.load_builder(staged)
-    info = staging.dataset_info(builder)
-    splits = staging.split_names(builder, cfg.dataset.validation_fraction)
+    builder = load_builder(staged)
+    info = dataset_info(builder)
+    splits = split_names(builder, cfg.dataset.validation_fraction)
     batch = resolved.global_batch_size
-    train_ds = staging.make_dataset(builder, splits["train"], global_batch_size=batch,
-                                     shuffle=True, seed=cfg.fit.seed,
-                                     shuffle_buffer=cfg.dataset.shuffle_buffer)
-    val_ds = staging.make_dataset(builder, splits["validation"], global_batch_size=batch,
-                                   shuffle=False, seed=cfg.fit.seed)
+    train_ds = make_dataset(builder, splits["train"], global_batch_size=batch,
+                            shuffle=True, seed=cfg.fit.seed,
+                            shuffle_buffer=cfg.dataset.shuffle_buffer)
+    val_ds = make_dataset(builder, splits["validation"], global_batch_size=batch,
+                          shuffle=False, seed=cfg.fit.seed)
 
     with resolved.strategy.scope():
         model = models.build(cfg.model.name, info["input_shape"], info["num_classes"])

@@ -15,7 +15,7 @@ import time
 import urllib.request
 import uuid
 
-from training.registry.store import S3Options
+from training.registry.s3 import S3Options
 
 REGION = "us-east-1"
 ACCOUNT = "123456789012"  # moto's default account id

@@ -1,0 +1,194 @@
+"""The production pointer of each model: which version serves, how it got there.
+
+``models/<name>/production.json`` (``layout.pointer_key``) holds the version in
+production and the history of promotions. It is created with If-None-Match and
+replaced with If-Match on the ETag read, so of two concurrent promotions exactly one
+wins; the loser gets a ConflictError. The history lives inside the same object, so
+pointer and history change together in one conditional write, and the pointer carries
+the SHA-256 of its own canonical JSON, checked on every read.
+
+``ProductionPointer`` is a mixin of ``ModelRegistry`` (``versions.py``): it uses the
+registry's ``store``, ``check_model``, ``verify`` and ``check_runs``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from datetime import datetime
+from typing import Any
+
+from training.data.manifest import dumps
+from training.errors import ConflictError, IntegrityError, RegistryError, shown
+from training.layout import pointer_key, validate_name
+
+__all__ = ["ProductionPointer", "check_run_id", "check_time"]
+
+POINTER_FORMAT = 1
+
+
+def check_time(field: str, value: Any) -> str:
+    """``value`` if it is an ISO 8601 time (from the caller, never the clock); else
+    RegistryError. Publish and promote both take one."""
+    try:
+        datetime.fromisoformat(value)
+    except (TypeError, ValueError):
+        raise RegistryError(
+            f"{field} must be an ISO 8601 time string from the caller (for example the "
+            f"run's logical date, '2025-01-31T00:00:00+00:00'), got {value!r}"
+        ) from None
+    return value
+
+
+def check_run_id(run_id: Any) -> str:
+    if not isinstance(run_id, str) or not run_id:
+        raise RegistryError(f"run_id must be a non-empty string, got {run_id!r}")
+    return run_id
+
+
+def _pointer_sum(pointer: dict[str, Any]) -> str:
+    """SHA-256 of a pointer's canonical JSON (without its own ``sha256`` field)."""
+    return hashlib.sha256(dumps(pointer)).hexdigest()
+
+
+class ProductionPointer:
+    """Production, history, promote and rollback (a mixin of ``ModelRegistry``)."""
+
+    _UNSET: Any = object()
+
+    def _read_pointer(self, name: str) -> tuple[dict[str, Any] | None, str | None]:
+        found = self.store.get_with_etag(pointer_key(name))
+        if found is None:
+            return None, None
+        key = f"{self.store.uri}/{pointer_key(name)}"
+        try:
+            pointer = json.loads(found[0])
+        except ValueError as exc:
+            raise IntegrityError(
+                f"production pointer of model {name!r} ({key}) is not valid JSON: {exc}; "
+                "restore it from the store's versioning, or delete it and promote a version "
+                "again"
+            ) from exc
+        if (not isinstance(pointer, dict) or not isinstance(pointer.get("version"), str)
+                or not isinstance(pointer.get("history"), list)):
+            raise IntegrityError(
+                f"production pointer of model {name!r} ({key}) is not a pointer: expected an "
+                f"object with 'version' and 'history', got {shown(pointer)}; restore it, or "
+                "delete it and promote a version again"
+            )
+        recorded = pointer.pop("sha256", None)  # pointers written before it carry none
+        if recorded is not None and recorded != _pointer_sum(pointer):
+            raise IntegrityError(
+                f"production pointer of model {name!r} ({key}) does not match its SHA-256 "
+                "(changed outside the registry); restore it, or delete it and promote a "
+                "version again"
+            )
+        return pointer, found[1]
+
+    def production(self, name: str) -> str | None:
+        """The version in production, or None before the first promotion."""
+        validate_name("model name", name)
+        pointer, _ = self._read_pointer(name)
+        return None if pointer is None else pointer["version"]
+
+    def history(self, name: str) -> list[dict[str, Any]]:
+        """Every promotion of ``name``, oldest first."""
+        validate_name("model name", name)
+        pointer, _ = self._read_pointer(name)
+        return [] if pointer is None else list(pointer["history"])
+
+    def promote(
+        self,
+        name: str,
+        version: str,
+        *,
+        run_id: str,
+        at: str,
+        reason: str,
+        forced: bool = False,
+        expected_current: str | None = _UNSET,
+    ) -> dict[str, Any]:
+        """Point production at ``version`` after verifying it; return the new pointer.
+
+        ``at`` is an ISO 8601 time from the caller. ``expected_current`` (optional) is
+        the version the decision was made against (None: nothing in production); if
+        production has moved since, ConflictError. Of two concurrent promotions exactly
+        one wins: the other gets ConflictError. Promoting the version already in
+        production changes nothing and returns the pointer.
+        """
+        validate_name("model name", name)
+        validate_name("version", version)
+        check_time("at", at)
+        check_run_id(run_id)
+        if not isinstance(reason, str) or not reason.strip():
+            raise RegistryError(f"reason must be a non-empty string, got {reason!r}")
+        pointer, etag = self._read_pointer(name)
+        current = None if pointer is None else pointer["version"]
+        if current == version:  # checked first: a retried promotion is a no-op
+            return pointer
+        if expected_current is not self._UNSET and expected_current != current:
+            raise ConflictError(
+                f"production of model {name!r} moved: the decision to promote {version!r} "
+                f"was made against {expected_current!r}, production is now {current!r}; "
+                "decide again"
+            )
+        try:
+            if self.check_model:
+                self.check_runs(name, version)  # downloads and verifies every file first
+            else:
+                self.verify(name, version)
+        except IntegrityError as exc:
+            raise IntegrityError(
+                f"refusing to promote model {name!r} version {version!r}: {exc}"
+            ) from exc
+        except RegistryError as exc:
+            raise RegistryError(
+                f"refusing to promote model {name!r} version {version!r}: {exc}"
+            ) from exc
+        record = {
+            "from": current,
+            "to": version,
+            "run_id": run_id,
+            "at": at,
+            "reason": reason,
+            "forced": bool(forced),
+        }
+        new = {
+            "format": POINTER_FORMAT,
+            "name": name,
+            "version": version,
+            "run_id": run_id,
+            "at": at,
+            "history": [*(pointer["history"] if pointer else []), record],
+        }
+        body = dumps({**new, "sha256": _pointer_sum(new)})  # verified on every read
+        try:
+            if etag is None:
+                self.store.put_bytes(pointer_key(name), body, if_none_match=True)
+            else:
+                self.store.put_bytes(pointer_key(name), body, if_match=etag)
+        except ConflictError as exc:
+            raise ConflictError(
+                f"promotion of model {name!r} to {version!r} lost a race: production "
+                f"changed after it was read (it was {current!r}); another promotion won. "
+                "Re-read production and decide again."
+            ) from exc
+        return new
+
+    def rollback(
+        self, name: str, version: str, *, run_id: str, at: str, note: str | None = None
+    ) -> dict[str, Any]:
+        """Put an earlier complete version back in production (reason 'rollback').
+
+        Rolling back to the version already in production changes nothing, so a
+        retried rollback task gives the same result.
+        """
+        validate_name("model name", name)
+        validate_name("version", version)
+        current = self.production(name)
+        if current is None:
+            raise RegistryError(f"model {name!r} has nothing in production to roll back")
+        reason = "rollback" if not note else f"rollback: {note}"
+        return self.promote(
+            name, version, run_id=run_id, at=at, reason=reason, expected_current=current
+        )
