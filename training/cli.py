@@ -12,15 +12,16 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from training.config import SECTIONS, FieldSpec, RunConfig, flat_fields, json_schema
-from training.errors import ConfigError, TrainingError, shown
+from training.entry import run_command
+from training.errors import ConfigError, shown
 from training.locks import claim_run
+from training.train import cluster
 
 log = logging.getLogger("training")
 
@@ -165,7 +166,7 @@ def execute(args: argparse.Namespace) -> int:
     staged = _stage(cfg, getattr(args, "staged", None))
     if args.command == "stage":
         return 0
-    if os.environ.get("TF_CONFIG"):
+    if cluster.current():
         # A worker of a multi-worker run: its launcher (or the Kubernetes Job's stable
         # name) holds the run; fit.train claims it again in the chief.
         return _run_steps(args, cfg, staged)
@@ -177,7 +178,7 @@ def _run_steps(args: argparse.Namespace, cfg: RunConfig, staged: Any) -> int:
     from training import pipeline
 
     if args.command in ("train", "run"):
-        if cfg.runtime.workers > 1 and not os.environ.get("TF_CONFIG"):
+        if cfg.runtime.workers > 1 and not cluster.current():
             from training.launch import local  # N worker processes on this host
 
             result = local.run(cfg, staged=staged)
@@ -237,35 +238,6 @@ def _models(args: argparse.Namespace) -> int:
                                 at=now, note=args.reason)
     print(json.dumps(out, indent=2))
     return 0
-
-
-def run_command(command: Callable[[], int]) -> int:
-    """Run a command line's work: logging to stderr, and a project error as one
-    ``error:`` line with exit status 2 (bad configuration) or 1 (anything else).
-    Every ``python -m training...`` entry point goes through here."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        return command()
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except TrainingError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
-        return 130
-    except Exception as exc:  # a failure no check foresaw: still one line, and the trace
-        log.debug("unexpected failure", exc_info=True)
-        if os.environ.get("TRAINING_TRACEBACK"):
-            import traceback
-
-            traceback.print_exc()
-        print(f"error: unexpected {type(exc).__name__}: {shown(exc)} (set "
-              "TRAINING_TRACEBACK=1 for the traceback)", file=sys.stderr)
-        return 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:

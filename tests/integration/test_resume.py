@@ -13,16 +13,19 @@ import os
 import signal
 import subprocess
 import sys
-import time
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from support.output import tail
 
 from training.config import RunConfig
 from training.data.input import load_builder, make_dataset
+from training.files import sha256_file
 from training.train.fit import train
-from training.train.resume import EXIT_CODE, METADATA_FILE, RESTORED_MARK, STATE_FILE, WEIGHTS_FILE
+from training.train.preemption import EXIT_CODE
+from training.train.resume import METADATA_FILE, RESTORED_MARK, STATE_FILE, WEIGHTS_FILE
 
 pytestmark = pytest.mark.slow
 
@@ -42,9 +45,11 @@ def _cfg(staged, tmp_path: Path, name: str, **flat) -> tuple[RunConfig, Path]:
 
 
 def _run(config: Path, on_line: Callable[[subprocess.Popen, str], None] | None = None,
-         timeout: float = 300) -> tuple[int, list[str]]:
+         hang_guard_s: float = 600) -> tuple[int, list[str]]:
     """``python -m training train --config FILE`` as the Airflow operator runs it;
-    (exit status, output lines). ``on_line(proc, line)`` sees every line as it comes."""
+    (exit status, output lines). ``on_line(proc, line)`` sees every line as it comes.
+    A process still running after ``hang_guard_s`` is killed (a hang fails the test on
+    its exit status; nothing here measures time)."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "2",
            "CUDA_VISIBLE_DEVICES": ""}
     proc = subprocess.Popen([sys.executable, "-m", "training", "train", "--config",
@@ -52,22 +57,19 @@ def _run(config: Path, on_line: Callable[[subprocess.Popen, str], None] | None =
                             stderr=subprocess.STDOUT, text=True, env=env,
                             start_new_session=True)
     lines = []
-    deadline = time.monotonic() + timeout
+    guard = threading.Timer(hang_guard_s, proc.kill)
+    guard.start()
     try:
         for raw in proc.stdout:
             lines.append(raw.rstrip("\n"))
             if on_line is not None:
                 on_line(proc, lines[-1])
-            assert time.monotonic() < deadline, "training took too long:\n" + _tail(lines)
-        return proc.wait(timeout=60), lines
+        return proc.wait(), lines
     finally:
+        guard.cancel()
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-
-
-def _tail(lines: list[str], n: int = 40) -> str:
-    return "\n".join(lines[-n:])
 
 
 def _epoch_lines(lines: list[str]) -> list[str]:
@@ -114,7 +116,7 @@ def test_a_killed_run_resumes_after_its_last_epoch_with_the_callbacks_where_they
             killed.append(state["epochs_completed"])
 
     code, lines = _run(config, kill_when_counting)
-    assert killed, "EarlyStopping and ReduceLROnPlateau never both waited:\n" + _tail(lines)
+    assert killed, "EarlyStopping and ReduceLROnPlateau never both waited:\n" + tail(lines)
     assert code == -signal.SIGKILL
     assert not (cfg.run_dir() / "model" / "model.keras").exists()
 
@@ -133,8 +135,8 @@ def test_a_killed_run_resumes_after_its_last_epoch_with_the_callbacks_where_they
 
     # The re-run (what an Airflow retry runs) resumes after epoch k, counters restored.
     code, lines = _run(config)
-    assert code == 0, _tail(lines)
-    assert _epoch_lines(lines)[0] == f"Epoch {k + 1}/{cfg.fit.epochs}", _tail(lines)
+    assert code == 0, tail(lines)
+    assert _epoch_lines(lines)[0] == f"Epoch {k + 1}/{cfg.fit.epochs}", tail(lines)
     restored = _restored(lines)
     assert restored["epochs_completed"] == k
     for name in ("early_stopping", "reduce_lr_on_plateau", "model_checkpoint"):
@@ -174,27 +176,26 @@ def test_sigterm_inside_an_epoch_writes_a_backup_exits_143_and_a_rerun_completes
                        steps_per_execution=1)
     backup = cfg.run_dir() / "backup"
     files = (WEIGHTS_FILE, METADATA_FILE, STATE_FILE)
-    sent: dict[str, float] = {}
-    before: dict[str, float] = {}
+    before: dict[str, str] = {}
 
     def terminate_in_epoch_2(proc: subprocess.Popen, line: str) -> None:
-        if sent or not line.startswith("Epoch 2/"):
+        if before or not line.startswith("Epoch 2/"):
             return
-        before.update({f: (backup / f).stat().st_mtime for f in files})  # epoch 1's
-        time.sleep(0.05)
-        sent["at"] = time.time()
+        before.update({f: sha256_file(backup / f) for f in files})  # epoch 1's backup
         proc.send_signal(signal.SIGTERM)  # as SubprocessHook.send_sigterm (its group)
 
     code, lines = _run(config, terminate_in_epoch_2)
-    assert sent, _tail(lines)
-    assert code == EXIT_CODE == 143, _tail(lines)
-    assert any("exiting with status 143" in line for line in lines), _tail(lines)
+    assert before, tail(lines)
+    assert code == EXIT_CODE == 143, tail(lines)
+    assert any("SIGTERM received: stopping at the end of this batch" in line
+               for line in lines), tail(lines)
+    assert any("exiting with status 143" in line for line in lines), tail(lines)
     assert not (cfg.run_dir() / "model" / "model.keras").exists()
 
-    # A new backup was written after the signal, marked as taken inside epoch 2.
+    # The backup is no longer epoch 1's: every file was replaced by the one the signal
+    # made, marked as taken inside epoch 2.
     for name in files:
-        mtime = (backup / name).stat().st_mtime
-        assert mtime > before[name] and mtime >= sent["at"] - 0.01, name
+        assert sha256_file(backup / name) != before[name], name
     state = json.loads((backup / STATE_FILE).read_text())
     assert state["epochs_completed"] == 1
     assert json.loads((backup / METADATA_FILE).read_text())["epoch"] == 1
@@ -204,8 +205,8 @@ def test_sigterm_inside_an_epoch_writes_a_backup_exits_143_and_a_rerun_completes
 
     # The re-run repeats epoch 2 from its start and finishes.
     code, lines = _run(config)
-    assert code == 0, _tail(lines)
-    assert _epoch_lines(lines) == ["Epoch 2/2"], _tail(lines)
+    assert code == 0, tail(lines)
+    assert _epoch_lines(lines) == ["Epoch 2/2"], tail(lines)
     assert _restored(lines)["mid_epoch"]["batches_done"] == mid["batches_done"]
     history = json.loads((cfg.run_dir() / "model" / "history.json").read_text())
     assert history["epochs"] == [1, 2]
@@ -223,7 +224,7 @@ def _tiny_fit(backup_dir: Path, epochs: int, crash_after: int | None = None,
     import keras
     import numpy as np
 
-    from training.train.resume import ResumableBackup
+    from training.train.callbacks.backup import ResumableBackup
 
     class Crash(keras.callbacks.Callback):
         def on_epoch_end(self, epoch, logs=None):

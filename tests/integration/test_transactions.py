@@ -283,7 +283,7 @@ def test_sigterm_ends_a_step_that_never_finishes(tmp_path):
     of ``stop_on_sigterm`` exits 143 after the grace period all the same."""
     script = textwrap.dedent("""
         import os, types
-        from training.train.resume import stop_on_sigterm
+        from training.train.preemption import stop_on_sigterm
         read_end, _ = os.pipe()
         with stop_on_sigterm(types.SimpleNamespace(stop_signal=None), grace_s=2):
             print("stuck", flush=True)

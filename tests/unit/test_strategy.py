@@ -1,4 +1,3 @@
-import json
 import math
 
 import pytest
@@ -32,22 +31,11 @@ def test_choose_kind_rejects_unknown():
         st.choose_kind("parameter_server", tpu_available=False, workers_in_tf_config=0, gpus=0)
 
 
-def test_tf_config_workers_counts_chief_and_workers():
-    assert st.tf_config_workers(None) == 0
-    cfg = {"cluster": {"chief": ["a:1"], "worker": ["b:1", "c:1"]}, "task": {"type": "chief"}}
-    assert st.tf_config_workers(json.dumps(cfg)) == 3
-    with pytest.raises(ConfigError, match="TF_CONFIG must be a JSON object"):
-        st.tf_config_workers("{nope")
-
-
-def test_is_chief():
-    assert st.is_chief(None)
-    two = {"cluster": {"worker": ["a:1", "b:1"]}}
-    assert st.is_chief(json.dumps({**two, "task": {"type": "worker", "index": 0}}))
-    assert not st.is_chief(json.dumps({**two, "task": {"type": "worker", "index": 1}}))
-    with_chief = {"cluster": {"chief": ["c:1"], "worker": ["a:1"]}}
-    assert not st.is_chief(json.dumps({**with_chief, "task": {"type": "worker", "index": 0}}))
-    assert st.is_chief(json.dumps({**with_chief, "task": {"type": "chief", "index": 0}}))
+def test_a_damaged_tf_config_is_refused_before_any_strategy(monkeypatch):
+    """TF_CONFIG is read through training.train.cluster (tests/unit/test_cluster.py)."""
+    monkeypatch.setenv("TF_CONFIG", "{nope")
+    with pytest.raises(ConfigError, match="TF_CONFIG must be a JSON object with a cluster"):
+        st.resolve(RunConfig())
 
 
 def test_select_devices():

@@ -42,6 +42,10 @@ installs those and logs a WARNING for every patch the installed Keras no longer 
 upgrades Keras sees it. ``TRAINING_KERAS_COMPAT=off`` in the environment disables the
 whole layer and ``TRAINING_KERAS_COMPAT=without:NAME,...`` leaves out single patches (to
 reproduce the upstream failures; ``tests/integration/test_multiworker.py`` does).
+
+Why one module of about 450 lines: the three patches, the probes that tell when Keras no
+longer needs each, and the switch that installs them belong together: a Keras upgrade
+is checked, and the layer retired, in this one file.
 """
 
 from __future__ import annotations
@@ -167,8 +171,12 @@ def _reduce_per_replica(values: Any, strategy: Any, reduction: str) -> Any:
 
 # --- patch: backup_restore_sync ----------------------------------------------------------
 
-def _broadcast_from_replica_0(strategy: Any, tensors: list[Any]) -> list[Any]:
-    """Every worker gets replica 0's (the chief's first device) values: one all-reduce."""
+def broadcast_from_replica_0(strategy: Any, tensors: list[Any]) -> list[Any]:
+    """Every worker gets replica 0's (the chief's first device) values: one all-reduce.
+
+    Every worker must call it at the same point with values of the same shapes and
+    dtypes (a collective). Used by the ``backup_restore_sync`` patch below and by
+    ``training.train.resume.broadcast`` (the callbacks' state after a restore)."""
     import tensorflow as tf
 
     def replica_fn(*values: Any) -> list[Any]:
@@ -215,7 +223,7 @@ def _backup_on_train_begin(self: Any, logs: Any = None) -> Any:
         variables += [v for v in optimizer.variables if all(v is not w for w in variables)]
     epoch = np.asarray(getattr(model, "_initial_epoch", None) or 0, dtype=np.int64)
     values = [keras.ops.convert_to_numpy(v.value) for v in variables] + [epoch]
-    synced = _broadcast_from_replica_0(strategy, values)
+    synced = broadcast_from_replica_0(strategy, values)
     for variable, value in zip(variables, synced[:-1], strict=True):
         variable.assign(value)
     chief_epoch = int(synced[-1])
@@ -422,6 +430,9 @@ def apply(strategy: Any) -> list[str]:
         return []
     return enable()
 
+
+# remove(), active() and applied() are test seams: the unit tests install the patches,
+# run Keras's real (patched) code paths in one process and undo them again.
 
 def remove() -> None:
     """Undo every installed patch (for tests)."""

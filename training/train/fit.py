@@ -14,15 +14,11 @@ version, and beside it the working state (``checkpoints/``, ``backup/``). ``mode
                        per epoch (loss, accuracy, learning rate).
 
 ``checkpoints/best.keras`` is ModelCheckpoint's best epoch. ``backup/`` holds the
-resumable state while training runs (``training.train.resume``: BackupAndRestore's weights,
-optimizer and epoch, plus EarlyStopping's, ReduceLROnPlateau's and ModelCheckpoint's
-state, the learning rate and the history so far): a re-run with the same run id
-resumes after the last finished epoch with those callbacks where they were, and
-``history.json`` covers every epoch of the run. SIGTERM during ``model.fit`` writes a
-backup at the end of the current batch and exits 143 (single worker; see
-``training.train.resume``). ``backup/`` is removed when training ends. Only the chief writes
-these files; other workers of a multi-worker run write to a temporary directory that
-is removed.
+resumable state while training runs (``training.train.callbacks.backup``), so a re-run
+with the same run id resumes after the last finished epoch with the callbacks where they
+were; SIGTERM writes a backup and exits 143 (``training.train.preemption``). ``backup/``
+is removed once the model is saved. Only the chief writes these files; other workers of
+a multi-worker run write to a temporary directory that is removed.
 """
 
 from __future__ import annotations
@@ -63,12 +59,12 @@ def make_callbacks(fit: FitConfig, run_dir: Path) -> list[Any]:
     logs, backup.
 
     The logs come after ReduceLROnPlateau, which adds the learning rate to each epoch's
-    logs. The backup (``resume.ResumableBackup``) comes after the callbacks whose state it
-    saves and restores: see ``training.train.resume`` for why the order matters.
+    logs. The backup (``ResumableBackup``) comes after the callbacks whose state it saves
+    and restores: see ``training.train.callbacks.backup`` for why the order matters.
     """
     import keras
 
-    from training.train import resume
+    from training.train.callbacks.backup import ResumableBackup
 
     (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
     mode = "max" if fit.early_stopping_monitor.endswith("accuracy") else "min"
@@ -102,9 +98,9 @@ def make_callbacks(fit: FitConfig, run_dir: Path) -> list[Any]:
         keras.callbacks.CSVLogger(os.fspath(model_dir(run_dir) / "history.csv"), append=True),
         keras.callbacks.TensorBoard(os.fspath(model_dir(run_dir) / "tensorboard"),
                                     update_freq="epoch", write_graph=False, profile_batch=0),
-        resume.ResumableBackup(run_dir / "backup", early_stopping=early_stopping,
-                               reduce_lr=reduce_lr, checkpoint=checkpoint,
-                               min_interval_s=fit.backup_interval_s),
+        ResumableBackup(run_dir / "backup", early_stopping=early_stopping,
+                        reduce_lr=reduce_lr, checkpoint=checkpoint,
+                        min_interval_s=fit.backup_interval_s),
     ]
 
 
@@ -138,11 +134,9 @@ class TrainResult:
 
 
 def _history_summary(epochs: list[int], metrics: dict[str, list[float]],
-                     callbacks: list[Any]) -> dict[str, Any]:
-    """history.json: ``epochs`` 0-based (as Keras's History), every epoch of the run."""
-    import keras
-
-    stopper = next(c for c in callbacks if isinstance(c, keras.callbacks.EarlyStopping))
+                     stopper: Any) -> dict[str, Any]:
+    """history.json: ``epochs`` 0-based (as Keras's History), every epoch of the run;
+    ``stopper``: the run's EarlyStopping."""
     metrics = {k: [float(v) for v in vals] for k, vals in metrics.items()}
     lrs = metrics.get("learning_rate", [])
     epochs = list(epochs)
@@ -196,8 +190,8 @@ def already_trained(cfg: RunConfig) -> TrainResult | None:
     return result
 
 
-def train(cfg: RunConfig, staged: StagedDataset, *, extra_callbacks: Sequence[Any] = (),
-          **resolve_kwargs: Any) -> TrainResult:
+def train(cfg: RunConfig, staged: StagedDataset, *,
+          extra_callbacks: Sequence[Any] = ()) -> TrainResult:
     """Fit the configured model on a staged dataset; write the outputs (chief only).
 
     A run that finished training (``model/trained.json``) is not trained again: the
@@ -216,7 +210,7 @@ def train(cfg: RunConfig, staged: StagedDataset, *, extra_callbacks: Sequence[An
     import keras
 
     keras.utils.set_random_seed(cfg.fit.seed)
-    resolved = resolve(cfg, **resolve_kwargs)
+    resolved = resolve(cfg)
     if not resolved.is_chief:
         return _train(cfg, staged, resolved, extra_callbacks)
     with claim_run(cfg.run_dir(), cfg.run_id):
@@ -228,7 +222,8 @@ def _train(cfg: RunConfig, staged: StagedDataset, resolved: Any,
            extra_callbacks: Sequence[Any]) -> TrainResult:
     import keras
 
-    from training.train import resume
+    from training.train.callbacks.backup import ResumableBackup
+    from training.train.preemption import stop_on_sigterm
 
     compat.apply(resolved.strategy)  # Keras 3 under MultiWorkerMirroredStrategy; else no-op
     # ``auto`` depends on the strategy found (bfloat16 on TPU); set before the model.
@@ -270,20 +265,19 @@ def _train(cfg: RunConfig, staged: StagedDataset, resolved: Any,
             jit_compile=cfg.runtime.jit_compile,
         )
     callbacks = [*make_callbacks(cfg.fit, run_dir), *extra_callbacks]
-    backup = next(c for c in callbacks if isinstance(c, resume.ResumableBackup))
+    backup = next(c for c in callbacks if isinstance(c, ResumableBackup))
     log.info("training %s on %s for up to %d epochs", cfg.model.name, staged.key,
              cfg.fit.epochs)
     # SIGTERM: a backup at the end of the current batch, then exit 143; not under several
-    # workers, where one worker cannot save for all (training.train.resume).
-    with resume.stop_on_sigterm(backup,
-                                enabled=not compat.is_multi_worker(resolved.strategy)):
+    # workers, where one worker cannot save for all (training.train.preemption).
+    with stop_on_sigterm(backup, enabled=not compat.is_multi_worker(resolved.strategy)):
         model.fit(train_ds, validation_data=val_ds, epochs=cfg.fit.epochs,
                   callbacks=callbacks, verbose=2,
                   shuffle=False)  # the tf.data pipeline shuffles, seeded
 
     # The whole run's history, epochs before a restart included (History only has
     # this process's).
-    summary = _history_summary(backup.epochs, backup.metrics, callbacks)
+    summary = _history_summary(backup.epochs, backup.metrics, backup.early_stopping)
     (out / "history.json").write_text(json.dumps(summary, indent=2) + "\n")
     model.save(out / "model.keras")
     saved_model_path = out / "saved_model"

@@ -13,7 +13,6 @@ machine (TPU resolver, ``TF_CONFIG``, visible GPUs), calls it, and builds the
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -24,23 +23,13 @@ from typing import Any
 
 from training.config import RunConfig, RuntimeConfig
 from training.errors import ConfigError, shown
+from training.train import cluster  # TF_CONFIG: the one place that reads it
+from training.train.cluster import is_chief
+from training.train.cluster import workers as tf_config_workers
 
 log = logging.getLogger(__name__)
 
 KINDS = ("one_device", "mirrored", "multi_worker", "tpu")
-
-
-def tf_config_workers(tf_config: str | None) -> int:
-    """Number of tasks (chief + workers) that ``TF_CONFIG`` names; 0 when unset."""
-    if not tf_config:
-        return 0
-    try:
-        cluster = json.loads(tf_config).get("cluster", {})
-    except (json.JSONDecodeError, AttributeError):
-        raise ConfigError(
-            f"TF_CONFIG must be a JSON object with a cluster, got {tf_config!r}"
-        ) from None
-    return len(cluster.get("chief", [])) + len(cluster.get("worker", []))
 
 
 def choose_kind(requested: str, *, tpu_available: bool, workers_in_tf_config: int,
@@ -146,30 +135,21 @@ def default_tpu_resolver(tpu: str) -> Any:
     return tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu or None)
 
 
-def is_chief(tf_config: str | None) -> bool:
-    """Chief = task 'chief', or worker 0 when there is no chief; True without TF_CONFIG."""
-    if not tf_config:
-        return True
-    data = json.loads(tf_config)
-    task = data.get("task", {})
-    if task.get("type") == "chief":
-        return True
-    has_chief = bool(data.get("cluster", {}).get("chief"))
-    return task.get("type", "worker") == "worker" and int(task.get("index", 0)) == 0 and not (
-        has_chief
-    )
-
-
 def resolve(
     cfg: RunConfig,
     *,
     tpu_resolver: Callable[[str], Any] = default_tpu_resolver,
 ) -> Resolved:
-    """Build the strategy the config asks for; log and return the effective values."""
+    """Build the strategy the config asks for; log and return the effective values.
+
+    ``tpu_resolver`` is a test seam: tests/unit/test_strategy.py passes a resolver that
+    points at a real local TensorFlow server, so the TPU branch (connect, initialise,
+    report a missing TPU) runs for real on a machine without a TPU.
+    """
     import tensorflow as tf
 
     runtime = cfg.runtime
-    tf_config = os.environ.get("TF_CONFIG")
+    tf_config = cluster.current()
     resolver = None
     if runtime.strategy == "tpu" or (
         runtime.strategy == "auto" and (runtime.tpu or _looks_like_tpu_host())

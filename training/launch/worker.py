@@ -1,0 +1,81 @@
+"""One worker of a local multi-worker run: ``python -m training.launch.worker``.
+
+``training.launch.local.run`` starts one of these per worker, with ``TF_CONFIG`` naming
+the cluster and this worker's index (``training.train.cluster``). The worker applies the
+Keras 3 multi-worker compatibility layer (``training.train.compat``), trains with
+``fit.train`` (which builds the MultiWorkerMirroredStrategy; worker 0, the chief, alone
+writes the run directory) and then prints, for the launcher to read:
+
+* ``final weights digest sha256:<hex>``: the weights at the end of training
+  (``WeightsReport``); the launcher fails the run when the workers' digests differ;
+* ``{"trained": {...}}``: the ``TrainResult``, last.
+
+With ``--report-dir`` it also writes ``worker-<index>.json`` there (digest and
+per-epoch logs), so a person or a test can compare the workers epoch by epoch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from training.config import RunConfig
+from training.entry import run_command
+from training.errors import ConfigError
+from training.train import cluster
+
+DIGEST_MARK = "final weights digest sha256:"
+TRAINED_PREFIX = '{"trained"'  # the line that carries the TrainResult
+
+
+def report_path(report_dir: str | Path, index: int) -> Path:
+    """The report file of worker ``index`` in ``report_dir``."""
+    return Path(report_dir) / f"worker-{index}.json"
+
+
+def work(config: str, staged: str, report_dir: str | None) -> int:
+    """Train this worker's part; print the digest and the result for the launcher."""
+    from training.data.staging import StagedDataset
+    from training.train import compat, fit
+    from training.train.callbacks.weights_report import WeightsReport
+
+    tf_config = cluster.current()
+    if not tf_config:
+        raise ConfigError("the worker entry needs TF_CONFIG; start it with "
+                          "training.launch.local.run()")
+    cfg = RunConfig.from_file(config)
+    dataset = StagedDataset.from_dict(json.loads(Path(staged).read_text()))
+    index = cluster.task_index(tf_config)
+    report = WeightsReport(None if report_dir is None else report_path(report_dir, index),
+                           index=index)
+    # fit.train builds the MultiWorkerMirroredStrategy; the patches only act once the
+    # strategy is in multi-worker mode, so installing them first is safe (and
+    # compat.apply(strategy) inside fit.train, when present, is then a no-op).
+    compat.enable()
+    result = fit.train(cfg, dataset, extra_callbacks=[report])
+    if report.digest is not None:  # None: the run was already trained, nothing ran
+        print(f"{DIGEST_MARK}{report.digest}", flush=True)
+    print(json.dumps({"trained": result.to_dict()}), flush=True)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m training.launch.worker",
+                                     description=__doc__.splitlines()[0],
+                                     allow_abbrev=False)
+    parser.add_argument("--config", required=True, help="the run's config.json")
+    parser.add_argument("--staged", required=True, help="the staged dataset, as JSON")
+    parser.add_argument("--report-dir", help="write worker-<index>.json here at the end")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return run_command(lambda: work(args.config, args.staged, args.report_dir))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
