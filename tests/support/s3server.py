@@ -7,7 +7,6 @@ The server runs on a free 127.0.0.1 port, so a test can stop it (SIGSTOP), resum
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -63,17 +62,8 @@ class MotoServer:
                     raise RuntimeError(f"moto server did not answer on {self.endpoint}") from None
                 time.sleep(0.1)
 
-    def pause(self) -> None:
-        assert self.proc is not None
-        os.kill(self.proc.pid, signal.SIGSTOP)
-
-    def resume(self) -> None:
-        assert self.proc is not None
-        os.kill(self.proc.pid, signal.SIGCONT)
-
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGCONT)
             self.proc.kill()
             self.proc.wait(timeout=10)
         self.proc = None
