@@ -138,11 +138,12 @@ def _stage(cfg: RunConfig, staged_file: str | None):
 
     if staged_file:
         staged = _read_staged(staged_file)
-        asked = (cfg.dataset.name, cfg.dataset.version or staged.version)
-        if (staged.name, staged.version) != asked:
+        version = cfg.dataset.version
+        if staged.name != cfg.dataset.name or version not in (None, staged.version):
+            asked = cfg.dataset.name + (f":{version}" if version else "")
             raise ConfigError(f"--staged {staged_file} holds dataset {staged.key!r}, but the "
-                              f"config asks for {':'.join(asked)!r}: stage this config's "
-                              "dataset, or leave --staged out")
+                              f"config asks for {asked!r}: stage this config's dataset, or "
+                              "leave --staged out")
         staging.verify(staged)
         log.info("using the staged dataset %s from %s", staged.key, staged_file)
     else:

@@ -53,10 +53,10 @@ def _load(path: str | Path) -> Any:
     """The run's own model, loaded as every model is: ``safe_mode=True``."""
     import keras
 
+    if not Path(path).is_file():  # Keras says ValueError("File not found ...")
+        raise RegistryError(f"the run has no trained model at {path}: train it first")
     try:
         return keras.saving.load_model(path, safe_mode=True)
-    except FileNotFoundError:
-        raise RegistryError(f"the run has no trained model at {path}: train it first") from None
     except Exception as exc:
         unsafe = "safe_mode" in str(exc)
         raise RegistryError(

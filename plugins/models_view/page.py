@@ -13,6 +13,10 @@ Mounted by the api-server at ``/models`` (see ``models_view/__init__.py``):
   that the version's manifest lists under ``report/`` are served, and their SHA-256 is
   checked against the manifest.
 
+The HTML comes from ``training.report``'s template set (``models.html`` and
+``refused.html`` beside the version report's templates): one layout, one stylesheet and
+Jinja2's autoescape for every value shown.
+
 The store is the deployment's (``TRAINING_STORE_URI``), opened through the library's
 store code with the ``TRAINING_AWS_CONN_ID`` connection's credentials. Credentials are
 never rendered: the page shows the store URI without any user info, and error texts
@@ -26,26 +30,27 @@ logged in is sent to Airflow's login page; other clients get 401.
 from __future__ import annotations
 
 import hashlib
-import html
 import logging
 import mimetypes
 import threading
 import time
 from collections.abc import Iterable, Sequence
 from typing import Annotated, Any
-from urllib.parse import quote, urlsplit, urlunsplit
+from urllib.parse import urlsplit, urlunsplit
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from training.errors import IntegrityError, RegistryError, TrainingError
+from training.layout import MODELS_PREFIX, REPORT_DIR, REPORT_INDEX, version_key
+from training.report.render import render
 
 log = logging.getLogger(__name__)
 
 RESOURCE_NAME = "Models"
-KEY_METRICS = ("accuracy", "loss", "macro_f1")
-REPORT_INDEX = "index.html"
+# A version's report page, relative to the version (``layout.version_key``).
+REPORT_FILE = f"{REPORT_DIR}/{REPORT_INDEX}"
 STORE_CACHE_S = 60.0
 # No script runs on these pages, reports included: they are served from Airflow's
 # origin, where a script could call Airflow's API with the user's cookie.
@@ -169,19 +174,14 @@ def display_uri(uri: str) -> str:
     return uri
 
 
-def version_prefix(name: str, version: str) -> str:
-    return f"models/{name}/versions/{version}/"
-
-
 def collect(registry: Any) -> list[dict[str, Any]]:
     """Every model with its production version, versions (newest first) and history."""
-    keys = set(registry.store.list("models/"))
+    keys = set(registry.store.list(MODELS_PREFIX))
     models = []
     for name in registry.list_models():
         versions = registry.list_versions(name)
         for entry in versions:
-            report = version_prefix(name, entry["version"]) + f"report/{REPORT_INDEX}"
-            entry["has_report"] = report in keys
+            entry["has_report"] = version_key(name, entry["version"], REPORT_FILE) in keys
         try:
             production, history, problem = registry.production(name), registry.history(name), None
         except IntegrityError as exc:  # one damaged pointer must not hide every model
@@ -198,159 +198,20 @@ def collect(registry: Any) -> list[dict[str, Any]]:
 
 # --------------------------------------------------------------------------- HTML
 
-STYLE = """
-:root { color-scheme: light dark; --fg: #1a202c; --muted: #4a5568; --line: #e2e8f0;
-  --head: #f7fafc; --prod: #276749; --prod-bg: #c6f6d5; --link: #2b6cb0; }
-@media (prefers-color-scheme: dark) {
-  :root { --fg: #e2e8f0; --muted: #a0aec0; --line: #2d3748; --head: #1a202c;
-    --prod: #c6f6d5; --prod-bg: #22543d; --link: #90cdf4; } }
-body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif;
-  color: var(--fg); margin: 1.25rem 1.5rem; }
-h1 { font-size: 1.5rem; margin: 0 0 .25rem; }
-h2 { font-size: 1.2rem; margin: 2rem 0 .5rem; }
-h3 { font-size: 1rem; margin: 1.25rem 0 .4rem; color: var(--muted); }
-.meta { color: var(--muted); margin: 0 0 1rem; }
-table { border-collapse: collapse; min-width: 40rem; }
-th, td { border-bottom: 1px solid var(--line); padding: .35rem .75rem; text-align: left;
-  vertical-align: top; }
-th { background: var(--head); font-weight: 600; }
-td.num { text-align: right; font-variant-numeric: tabular-nums; }
-code { font: 12px ui-monospace, SFMono-Regular, Menlo, monospace; }
-a { color: var(--link); }
-.badge { display: inline-block; padding: 0 .5rem; border-radius: .75rem; font-size: 12px;
-  font-weight: 600; color: var(--prod); background: var(--prod-bg); }
-tr.production td { background: color-mix(in srgb, var(--prod-bg) 35%, transparent); }
-tr.version:target td { background: color-mix(in srgb, var(--link) 18%, transparent); }
-tr.version:target td:first-child { box-shadow: inset 4px 0 0 var(--link); }
-.none { color: var(--muted); font-style: italic; }
-nav.models a { margin-right: .75rem; }
-"""
-
-
-def _e(value: Any) -> str:
-    return html.escape(str(value), quote=True)
-
-
-def _metric(value: Any) -> str:
-    if isinstance(value, bool) or value is None:
-        return '<span class="none">&mdash;</span>'
-    if isinstance(value, (int, float)):
-        return f"{value:.4f}"
-    return _e(value)
-
-
-def page(title: str, body: str) -> str:
-    return (
-        "<!doctype html>\n"
-        f'<html lang="en"><head><meta charset="utf-8"><title>{_e(title)}</title>'
-        '<meta name="viewport" content="width=device-width, initial-scale=1">'
-        f"<style>{STYLE}</style></head>\n<body>\n{body}\n</body></html>\n"
-    )
-
-
-def airflow_run_cell(entry: dict) -> str:
-    """The Airflow run that produced a version, linked to it in the UI (relative to
-    ``/models/``, so it works under any ``base_url`` path); the run id otherwise."""
-    source = entry.get("source") or {}
-    dag_id, run_id = source.get("dag_id"), source.get("run_id")
-    if not (dag_id and run_id):
-        return f'<code>{_e(entry["run_id"])}</code>'
-    href = f"../dags/{quote(dag_id, safe='')}/runs/{quote(run_id, safe='')}"
-    return (f'<a class="airflow-run" href="{_e(href)}" target="_top">'
-            f"<code>{_e(run_id)}</code></a>")
-
-
-def render_versions(name: str, production: str | None, versions: Sequence[dict]) -> str:
-    head = "".join(f'<th class="num">{_e(m)}</th>' for m in KEY_METRICS)
-    rows = []
-    for entry in versions:
-        version = entry["version"]
-        in_production = version == production
-        status = '<span class="badge">production</span>' if in_production else ""
-        if entry.get("has_report"):
-            href = f"{quote(name)}/versions/{quote(version)}/report/{REPORT_INDEX}"
-            report = f'<a class="report" href="{_e(href)}">report</a>'
-        else:
-            report = '<span class="none">no report</span>'
-        metrics = entry.get("metrics") or {}
-        cells = "".join(f'<td class="num">{_metric(metrics.get(m))}</td>' for m in KEY_METRICS)
-        published = entry.get("published") or entry["created"]
-        rows.append(
-            f'<tr class="version{" production" if in_production else ""}" '
-            f'id="{_e(name)}/{_e(version)}" data-version="{_e(version)}">'
-            f"<td><code>{_e(version)}</code> {status}</td>"
-            f"{cells}<td>{_e(published)}</td><td>{_e(entry['created'])}</td>"
-            f"<td>{airflow_run_cell(entry)}</td><td>{report}</td></tr>"
-        )
-    return (
-        f'<table class="versions"><thead><tr><th>version</th>{head}<th>published</th>'
-        f"<th>run started</th><th>Airflow run</th><th>report</th></tr></thead>"
-        f"<tbody>{''.join(rows)}</tbody></table>"
-    )
-
-
-def render_history(history: Sequence[dict]) -> str:
-    if not history:
-        return '<p class="none history">No promotions yet.</p>'
-    rows = []
-    for record in reversed(history):
-        before = record.get("from")
-        before_html = f"<code>{_e(before)}</code>" if before else '<span class="none">none</span>'
-        forced = " (forced)" if record.get("forced") else ""
-        rows.append(
-            f"<tr><td>{_e(record.get('at', ''))}</td><td>{before_html} &rarr; "
-            f"<code>{_e(record.get('to', ''))}</code>{forced}</td>"
-            f"<td>{_e(record.get('reason', ''))}</td>"
-            f"<td><code>{_e(record.get('run_id', ''))}</code></td></tr>"
-        )
-    return (
-        '<table class="history"><thead><tr><th>at</th><th>change</th><th>reason</th>'
-        f"<th>run id</th></tr></thead><tbody>{''.join(rows)}</tbody></table>"
-    )
-
 
 def render_index(models: Sequence[dict], store_uri: str) -> str:
-    parts = [
-        "<h1>Models</h1>",
-        f'<p class="meta">Read-only view of the model store <code>{_e(display_uri(store_uri))}'
-        "</code>. Versions are listed most recently published first.</p>",
-    ]
-    if not models:
-        parts.append('<p class="none">No published model in this store yet.</p>')
-    else:
-        links = " ".join(
-            f'<a href="#model-{_e(m["name"])}">{_e(m["name"])}</a>' for m in models
-        )
-        parts.append(f'<nav class="models">{links}</nav>')
-    for model in models:
-        name, production = model["name"], model["production"]
-        if model.get("problem"):
-            problem = _e(model["problem"])
-            where = f'<span class="none">production pointer unreadable: {problem}</span>'
-        elif production:
-            where = f'in production: <code>{_e(production)}</code>'
-        else:
-            where = '<span class="none">nothing in production</span>'
-        count = len(model["versions"])
-        parts.append(
-            f'<section class="model" id="model-{_e(name)}" data-model="{_e(name)}">'
-            f"<h2>{_e(name)}</h2>"
-            f'<p class="meta production">{where} &middot; {count} '
-            f"version{'s' if count != 1 else ''}</p>"
-            + render_versions(name, production, model["versions"])
-            + "<h3>Promotion history (newest first)</h3>"
-            + render_history(model["history"])
-            + "</section>"
-        )
-    return page("Models", "\n".join(parts))
+    """The page: ``models`` as ``collect`` returns them, the store URI without user info.
+    The HTML is the ``models.html`` template of ``training.report``'s template set."""
+    return render("models.html", title="Models", models=models,
+                  store_uri=display_uri(store_uri), report_file=REPORT_FILE)
 
 
 # --------------------------------------------------------------------------- app
 
 
 def _refuse_page(exc: Refused) -> HTMLResponse:
-    body = f"<h1>{_e(exc.title)}</h1><p>{_e(exc.detail)}</p>"
-    return HTMLResponse(page(exc.title, body), status_code=exc.status)
+    return HTMLResponse(render("refused.html", title=exc.title, detail=exc.detail),
+                        status_code=exc.status)
 
 
 def _store_failure(exc: Exception) -> Refused:
@@ -390,7 +251,7 @@ def create_app() -> FastAPI:
 
         if path == "":
             return RedirectResponse(REPORT_INDEX, status_code=307)
-        rel = f"report/{path}"
+        rel = f"{REPORT_DIR}/{path}"
         try:
             validate_name("model name", name)
             validate_name("version", version)
@@ -408,7 +269,7 @@ def create_app() -> FastAPI:
                 what = "a report" if path == REPORT_INDEX else f"a report file {path!r}"
                 raise Refused(404, "Not found",
                               f"model {name!r} version {version!r} has no {what}")
-            data = registry.store.get_bytes(version_prefix(name, version) + rel)
+            data = registry.store.get_bytes(version_key(name, version, rel))
         except Refused:
             raise
         except Exception as exc:

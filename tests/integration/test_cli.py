@@ -1,25 +1,12 @@
 """``python -m training`` as a user runs it: real subprocesses in an empty directory."""
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from support.cli import cli, last_json
 
 pytestmark = pytest.mark.slow
-
-
-def cli(cwd: Path, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
-    return subprocess.run([sys.executable, "-m", "training", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=timeout)
-
-
-def last_json(stdout: str, key: str | None = None) -> dict:
-    lines = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
-    return [d for d in lines if key is None or key in d][-1]
 
 
 def test_main_command_trains_the_seed_mlp_on_digits_to_95_percent(tmp_path):
@@ -72,14 +59,37 @@ def test_stage_twice_is_a_cache_hit_and_a_flipped_byte_stops_training(tmp_path):
     assert "cache hit" in second.stderr and "preparing" not in second.stderr
     assert last_json(first.stdout) == last_json(second.stdout)
 
+    # What the DAG does: train takes the staged dataset that stage printed (its XCom),
+    # verifies it and does not stage again.
+    staged_file = tmp_path / "staged.json"
+    staged_file.write_text(json.dumps(last_json(first.stdout)))
     shard = next(Path(tmp_path, "var/datasets/digits/1.0.0").glob("digits-train.tfrecord-*"))
     data = bytearray(shard.read_bytes())
     data[100] ^= 0xFF
     shard.write_bytes(bytes(data))
-    proc = cli(tmp_path, "train", "--epochs", "1")
+    proc = cli(tmp_path, "train", "--epochs", "1", "--staged", str(staged_file))
     assert proc.returncode == 1
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith(f"error: staged file {shard.relative_to(tmp_path)} is corrupted")
+    assert "cache hit" not in proc.stderr and "preparing" not in proc.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_staged_file_of_another_dataset_is_refused(tmp_path, capsys):
+    from training.cli import main
+
+    staged = {"name": "digits", "version": "1.0.0", "path": str(tmp_path / "d"),
+              "staging_dir": str(tmp_path), "fingerprint": "ab" * 32}
+    (tmp_path / "staged.json").write_text(json.dumps({"staged": staged}))
+    (tmp_path / "broken.json").write_text('{"staged": {"name": "digits"}}')
+    argv = ["train", "--output-dir", str(tmp_path / "runs"), "--staged"]
+    assert main([*argv, str(tmp_path / "staged.json"), "--dataset", "mnist"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"error: --staged {tmp_path / 'staged.json'} holds dataset 'digits:1.0.0@{'ab' * 32}', "
+        "but the config asks for 'mnist': stage this config's dataset, or leave --staged out")
+    assert main([*argv, str(tmp_path / "broken.json")]) == 2
+    assert f"error: --staged {tmp_path / 'broken.json'} is not a staged dataset" in (
+        capsys.readouterr().err)
     assert not (tmp_path / "runs").exists()
 
 

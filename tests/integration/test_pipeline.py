@@ -71,3 +71,25 @@ def test_first_model_is_promoted_and_a_worse_or_equal_one_is_kept_out_with_reaso
                      "saved_model/saved_model.pb", "report/index.html"}
     assert not any(p.startswith("checkpoints") for p in files)
     assert Path(result.run_dir).exists()
+
+
+def test_each_step_works_on_the_run_directory_it_is_handed(trained_run, staged_digits,
+                                                            tmp_path):
+    """Airflow passes train's run directory on through XCom: a worker whose own
+    settings point elsewhere still evaluates and publishes the directory it was given."""
+    cfg, result = trained_run
+    handed = tmp_path / "moved-run"
+    shutil.copytree(result.run_dir, handed)
+    (handed / "model" / "evaluation.json").unlink(missing_ok=True)
+    elsewhere = cfg.with_overrides({"store_uri": str(tmp_path / "store"),
+                                    "output_dir": str(tmp_path / "not-here")})
+    registry = pipeline.open_registry(elsewhere)
+    evaluation = pipeline.evaluate(elsewhere, staged_digits, registry, run_dir=handed)
+    assert json.loads((handed / "model" / "evaluation.json").read_text()) == evaluation
+    published = pipeline.publish(elsewhere, registry, created=AT, run_dir=handed)
+    assert published["files"] == len(registry.show(cfg.model_name, cfg.run_id)["files"])
+    assert not (tmp_path / "not-here").exists()
+    with pytest.raises(RegistryError, match=f"the run has no trained model at "
+                                            f"{tmp_path / 'empty'}/model/model.keras"):
+        pipeline.evaluate(elsewhere.with_overrides({"model_name": "other"}), staged_digits,
+                          registry, run_dir=tmp_path / "empty")

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
+from support.cli import cli, one_error_line
 from support.cutproxy import CutProxy
 from support.s3server import DUMMY_KEY, DUMMY_SECRET, REGION
 
@@ -30,21 +31,6 @@ from training.registry.versions import ModelRegistry
 pytestmark = pytest.mark.slow
 
 FAST = ["--epochs", "3", "--backup-interval-s", "0"]
-
-
-def cli(cwd: Path, *args: str, env: dict[str, str] | None = None,
-        timeout: int = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "training", *args], cwd=cwd,
-                          env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
-                          capture_output=True, text=True, timeout=timeout)
-
-
-def one_error_line(proc: subprocess.CompletedProcess) -> str:
-    """The failure's single ``error:`` line; no traceback anywhere."""
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
-    assert len(errors) == 1, proc.stderr[-3000:]
-    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    return errors[0]
 
 
 def history_rows(run_dir: Path) -> int:

@@ -15,7 +15,6 @@ history, and opens a report. Screenshots go to pytest's tmp dir and to
 
 from __future__ import annotations
 
-import html
 import json
 import os
 import re
@@ -32,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from markupsafe import escape
 
 from training.registry.store import open_store
 from training.registry.versions import ModelRegistry
@@ -334,7 +334,7 @@ def test_models_page_serves_versions_and_reports_read_only(models_site):
     prefix = f"/models/{MODEL}/versions/{PRODUCTION}/report/"
     status, headers, body = server.get(prefix + "index.html", headers=auth)
     assert status == 200 and headers["content-type"] == "text/html; charset=utf-8"
-    assert html.escape(DECISION).encode() in body  # the report escapes what it shows
+    assert str(escape(DECISION)).encode() in body  # the report escapes what it shows
     status, headers, png = server.get(prefix + "confusion_matrix.png", headers=auth)
     assert status == 200 and headers["content-type"] == "image/png"
     assert png.startswith(b"\x89PNG\r\n")

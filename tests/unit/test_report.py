@@ -105,7 +105,7 @@ def test_report_has_both_plots_every_record_and_marks_lr_drops_and_restored_epoc
     assert re.search(r"<td>7</td><td>0\.0005</td><td>0\.00025</td>", drops), drops
     es = table(page, "early-stopping")
     assert "<td>best epoch</td><td>5</td>" in es
-    assert "<td>best epoch&#x27;s weights restored</td><td>yes</td>" in es
+    assert "<td>best epoch&#39;s weights restored</td><td>yes</td>" in es
     assert "<td>stopped early at epoch</td><td>8</td>" in es
     # Per-class metrics, data fingerprint, software, config.
     assert "<td>1</td><td>0.6667</td><td>1.0000</td><td>0.8000</td><td>2</td>" in table(
@@ -142,10 +142,11 @@ def test_user_text_is_escaped_everywhere(tmp_path):
     page = report.build_report(tmp_path).read_text()
 
     assert "<script" not in page and "<img src=x" not in page and "<b>bold" not in page
-    assert ("&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt; &amp; "
+    # Jinja2's autoescape (MarkupSafe) writes quotes as &#34; and &#39;.
+    assert ("&lt;script&gt;alert(&#34;x&#34;)&lt;/script&gt; &amp; "
             "&lt;img src=x onerror=alert(1)&gt;") in page
     assert "&lt;b&gt;bold&lt;/b&gt; version manual__2026-11-30" in page
-    assert "&quot;&gt;&lt;script&gt;x()&lt;/script&gt;" in page
+    assert "&#34;&gt;&lt;script&gt;x()&lt;/script&gt;" in page
 
 
 def test_forced_and_first_model_verdicts(tmp_path):
@@ -220,4 +221,37 @@ def test_cli_builds_the_report(tmp_path, capsys):
     assert report.main([str(tmp_path)]) == 0
     assert capsys.readouterr().out.strip() == str(tmp_path / "report" / "index.html")
     assert report.main([str(tmp_path / "missing")]) == 1
-    assert report.main([]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: model directory {str(tmp_path / 'missing')!r} does not exist; "
+                   "pass the run's model/ directory (it holds history.json)"], err
+    with pytest.raises(SystemExit) as exit_:
+        report.main([])
+    assert exit_.value.code == 2
+    assert "error: the following arguments are required: MODEL_DIR" in capsys.readouterr().err
+
+
+def test_module_entry_point_rebuilds_the_report(tmp_path):
+    import subprocess
+
+    write_records(tmp_path)
+    done = subprocess.run([sys.executable, "-m", "training.report", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(tmp_path / "report" / "index.html")
+    done = subprocess.run([sys.executable, "-m", "training.report", "--help"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "MODEL_DIR" in done.stdout, done.stderr
+
+
+def test_report_and_models_page_share_one_stylesheet_and_autoescape():
+    from training.report.render import environment
+
+    env = environment()
+    assert env.autoescape("report.html") and env.autoescape("models.html")
+    css = env.loader.get_source(env, "style.css")[0]
+    for name in ("report.html", "models.html", "refused.html"):
+        source = env.loader.get_source(env, name)[0]
+        assert '{% extends "base.html" %}' in source and "<style" not in source, name
+    assert '{% include "style.css" %}' in env.loader.get_source(env, "base.html")[0]
+    page = env.get_template("refused.html").render(title="<t>", detail="d", page_class="x")
+    assert css.strip() in page and "&lt;t&gt;" in page and "<t>" not in page

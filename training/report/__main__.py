@@ -1,3 +1,3 @@
-from training.report import main
+from training.report.cli import main
 
 raise SystemExit(main())
