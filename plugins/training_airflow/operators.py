@@ -102,7 +102,7 @@ def _launch_local(operator: TrainOperator, cfg: Any, context: Any) -> dict[str, 
 
 
 def _launch_kubernetes(operator: TrainOperator, cfg: Any, context: Any) -> dict[str, Any]:
-    from training_airflow.kubernetes import launch
+    from training_airflow.launch_kubernetes import launch
 
     return launch(operator, cfg, context)
 

@@ -1,6 +1,8 @@
-"""``launcher=kubernetes``: the TrainOperator applies the rendered objects through the
-cncf-kubernetes provider's ``KubernetesHook``, follows the Job, surfaces worker logs and
-failures, resumes on retry and deletes the Job on kill.
+"""``launcher=kubernetes``: the TrainOperator (``training_airflow.launch_kubernetes``)
+gets the API clients from the cncf-kubernetes provider's ``KubernetesHook`` and runs
+``training.launch.kubernetes.TrainingJob``: a dry run of the Job, then the objects
+applied, the Job followed, worker logs and failures surfaced, resumed on retry, and the
+Job deleted on kill.
 
 There is no cluster here. Only the Kubernetes API is faked: ``FakeKubernetes`` is a small
 HTTP server on 127.0.0.1 that answers the few endpoints the launcher calls, keeps the
@@ -9,14 +11,16 @@ Everything else is real: the Airflow connection (from an ``AIRFLOW_CONN_*`` vari
 ``KubernetesHook`` and the official ``kubernetes`` client over HTTP, ``RunConfig``,
 ``render`` and ``TrainOperator``.
 
-What the fake cannot prove: that a real API server accepts the bodies (the render tests
-check them against the client's models), RBAC, scheduling, DNS between workers, the
+What the fake cannot prove: that a real API server accepts the bodies (the launcher asks
+one in a ``dryRun=All`` create; the fake only answers it, and the render tests check the
+bodies against the client's models), RBAC, scheduling, DNS between workers, the
 kubelet's log format in every edge case, or garbage collection timing.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import threading
 import time
@@ -82,14 +86,19 @@ class FakeKubernetes:
                                        kwargs={"poll_interval": 0.05}, daemon=True)
 
     # --- what a test reads ------------------------------------------------------------
-    def created(self) -> list[tuple[str, str, dict]]:
-        """(kind path, namespace, body) of every POST, in order."""
+    def created(self, dry_run: bool = False) -> list[tuple[str, str, dict]]:
+        """(kind path, namespace, body) of every POST (or every dry-run POST), in order."""
         out = []
-        for method, path, _, body in self.requests:
+        for method, path, query, body in self.requests:
             match = re.fullmatch(r"/api(?:s/batch)?/v1/namespaces/([^/]+)/(\w+)", path)
-            if method == "POST" and match:
+            if method == "POST" and match and ("dryRun" in query) == dry_run:
                 out.append((match.group(2), match.group(1), body))
         return out
+
+    def changes(self) -> list[tuple[str, str]]:
+        """(method, path) of every request but reads; dry runs marked ``?dryRun=All``."""
+        return [(m, p + ("?dryRun=" + q["dryRun"][0] if "dryRun" in q else ""))
+                for m, p, q, _ in self.requests if m != "GET"]
 
     def calls(self, method: str, pattern: str) -> list[tuple[str, str, dict, dict | None]]:
         return [r for r in self.requests if r[0] == method and re.search(pattern, r[1])]
@@ -192,6 +201,8 @@ class FakeKubernetes:
                 if key in self.objects:
                     return 409, _status_body(409, "AlreadyExists",
                                              f'{kind} "{key[1]}" already exists')
+                if query.get("dryRun") == ["All"]:  # checked, answered, not stored
+                    return 201, body
                 stored = self._create_job(body) if kind == "jobs" else body
                 self.objects[key] = stored
                 return 201, stored
@@ -336,6 +347,10 @@ def test_success_applies_configmap_service_job_and_logs_every_worker(cluster, cf
     assert cluster.created() == [("configmaps", NAMESPACE, expected[0]),
                                  ("services", NAMESPACE, expected[1]),
                                  ("jobs", NAMESPACE, expected[2])]
+    # The API server was asked to admit the very same Job first, in a dry run.
+    assert cluster.created(dry_run=True) == [("jobs", NAMESPACE, expected[2])]
+    assert cluster.changes()[0] == ("POST", f"/apis/batch/v1/namespaces/{NAMESPACE}/jobs"
+                                             "?dryRun=All")
     assert len(cluster.calls("GET", r"/jobs/[^/]+/status$")) >= 3  # followed, not fire-and-forget
     # Every line of every worker, once, in order, under its worker's prefix; the log was
     # read more than once (it grew while polling) and repeats were dropped.
@@ -378,8 +393,9 @@ def test_retry_after_failure_deletes_and_recreates_the_job(cluster, cfg, operato
     assert delete[3]["propagationPolicy"] == "Background"
     # The retry: ConfigMap replaced, Service reused, the Job deleted, then created again.
     jobs = f"/apis/batch/v1/namespaces/{NAMESPACE}/jobs"
-    retry = [(m, p) for m, p, _, _ in cluster.requests if m != "GET"][3:]
-    assert retry == [("POST", f"/api/v1/namespaces/{NAMESPACE}/configmaps"),
+    retry = cluster.changes()[4:]  # the first try: dry run, ConfigMap, Service, Job
+    assert retry == [("POST", f"{jobs}?dryRun=All"),  # 409: the first try's Job exists
+                     ("POST", f"/api/v1/namespaces/{NAMESPACE}/configmaps"),
                      ("PUT", f"/api/v1/namespaces/{NAMESPACE}/configmaps/{name}"),
                      ("POST", f"/api/v1/namespaces/{NAMESPACE}/services"),
                      ("POST", jobs),  # 409: the failed Job of the first try
@@ -406,10 +422,8 @@ def test_retry_after_success_does_not_train_again(cluster, cfg, operator):
 
 
 def test_retry_follows_a_job_that_is_still_running(cluster, cfg, operator):
-    from training_airflow.kubernetes import LaunchSettings, render_objects
-
-    objects = render_objects(cfg, LaunchSettings(k8s.KubernetesOptions(
-        namespace=NAMESPACE, credentials_secret="training-s3")))
+    objects = k8s.render(cfg, k8s.KubernetesOptions(namespace=NAMESPACE,
+                                                    credentials_secret="training-s3"))
     cluster.plans.append(Plan(polls=4))
     cluster.handle("POST", f"/apis/batch/v1/namespaces/{NAMESPACE}/jobs", {}, objects[2])
     name = k8s.job_name(cfg.run_id)
@@ -441,7 +455,24 @@ def test_a_refused_create_says_which_permissions_are_missing(cluster, cfg, opera
 
     assert isinstance(error, LaunchError)
     assert f"cannot create the Job {NAMESPACE}/{k8s.job_name(cfg.run_id)}: HTTP 403" in str(error)
+    assert "the Airflow connection 'kubernetes_fake' needs, in namespace 'ml'" in str(error)
     assert "create and delete on jobs, get on jobs/status" in str(error)
+    assert cluster.created() == []  # refused in the dry run: nothing half-applied
+
+
+def test_a_job_the_api_server_refuses_creates_nothing(cluster, cfg, operator):
+    cluster.faults.append(("POST", r"/jobs$", 422))
+
+    _, _, error = launch(operator, cfg)
+
+    from training.errors import LaunchError
+
+    assert isinstance(error, LaunchError)
+    name = k8s.job_name(cfg.run_id)
+    assert str(error) == (f"cannot create the Job {NAMESPACE}/{name}: HTTP 422 "
+                          "Unprocessable Entity: injected by the test; refused in a dry run, "
+                          "nothing was created")
+    assert cluster.created(dry_run=True) and cluster.created() == []
 
 
 def test_a_job_of_another_config_is_not_reused(cluster, cfg, operator):
@@ -538,9 +569,7 @@ def test_shared_volume_claim_is_mounted_over_output_and_staging_dirs(cluster, cf
     assert not any("no shared volume" in m for m in messages(logs))
 
     monkeypatch.setenv("TRAINING_K8S_SHARED_MOUNT", "/data")
-    from training_airflow.kubernetes import render_objects, settings_from_env
-
-    job = render_objects(cfg, settings_from_env())[2]
+    job = k8s.render(cfg, k8s.KubernetesOptions.from_env(os.environ))[2]
     assert {"name": "shared", "mountPath": "/data"} in (
         job["spec"]["template"]["spec"]["containers"][0]["volumeMounts"])
 
@@ -550,53 +579,22 @@ def test_without_a_shared_volume_the_launch_warns(cluster, cfg, operator):
     assert any("no shared volume (TRAINING_K8S_SHARED_PVC)" in m for m in messages(logs))
 
 
-@pytest.mark.parametrize(("env", "message"), [
-    ({"TRAINING_K8S_OPTIONS": "{"}, "TRAINING_K8S_OPTIONS must be a JSON object"),
-    ({"TRAINING_K8S_OPTIONS": "[]"}, "got list"),
-    ({"TRAINING_K8S_OPTIONS": '{"nodes": 3}'}, "unknown Kubernetes option 'nodes'"),
-    ({"TRAINING_K8S_NAMESPACE": "ML"}, "KubernetesOptions.namespace must be"),
-    ({"TRAINING_K8S_POLL_INTERVAL": "soon"}, "TRAINING_K8S_POLL_INTERVAL must be a number"),
-    ({"TRAINING_K8S_POLL_INTERVAL": "-1"}, "between 0 and 3600 seconds, got -1.0"),
-    ({"TRAINING_K8S_SHARED_PVC": "Data_Claim"}, "PersistentVolumeClaim name"),
-    ({"TRAINING_K8S_SHARED_MOUNT": "/data"}, "TRAINING_K8S_SHARED_PVC is not"),
-    ({"TRAINING_K8S_SHARED_PVC": "d", "TRAINING_K8S_SHARED_MOUNT": "data"},
-     "must be an absolute directory"),
-])
-def test_settings_errors_name_the_variable_and_value(env, message):
+def test_the_connection_comes_from_training_k8s_conn_id():
+    from training_airflow.launch_kubernetes import conn_id_from_env
+
+    assert conn_id_from_env({"TRAINING_K8S_CONN_ID": "k8s_prod"}) == "k8s_prod"
+    assert conn_id_from_env({"TRAINING_K8S_CONN_ID": ""}) == "kubernetes_default"
+    assert conn_id_from_env({}) == "kubernetes_default"
+
+
+def test_settings_are_checked_before_any_connection(cluster, cfg, operator, monkeypatch):
+    monkeypatch.setenv("TRAINING_K8S_POLL_INTERVAL", "-1")
+    monkeypatch.setenv("TRAINING_K8S_CONN_ID", "no_such_connection")
+
+    _, _, error = launch(operator, cfg)
+
     from training.errors import ConfigError
-    from training_airflow.kubernetes import settings_from_env
 
-    with pytest.raises(ConfigError, match=re.escape(message)):
-        settings_from_env(env)
-
-
-def test_settings_json_with_single_overrides():
-    from training_airflow.kubernetes import settings_from_env
-
-    settings = settings_from_env({
-        "TRAINING_K8S_OPTIONS": json.dumps({"namespace": "a", "image": "r/i:1", "cpu": "4"}),
-        "TRAINING_K8S_NAMESPACE": "b", "TRAINING_K8S_SERVICE_ACCOUNT": "trainer",
-        "TRAINING_K8S_POLL_INTERVAL": "2.5", "TRAINING_K8S_IMAGE": "",
-    })
-    assert (settings.options.namespace, settings.options.image, settings.options.cpu,
-            settings.options.service_account) == ("b", "r/i:1", "4", "trainer")
-    assert (settings.conn_id, settings.poll_interval, settings.shared_volume_claim) == (
-        "kubernetes_default", 2.5, None)
-
-
-@pytest.mark.parametrize(("dirs", "mount", "message"), [
-    (("runs", "/data/datasets"), None, "must be absolute paths"),
-    (("/runs", "/datasets"), None, "share no parent directory but '/'"),
-    (("/data/runs", "/data/datasets"), "/data/runs", "must contain storage.output_dir"),
-    (("/etc/training/runs", "/etc/training/ds"), None, "must not contain or lie in"),
-])
-def test_shared_mount_must_hold_both_directories(dirs, mount, message):
-    from training.errors import ConfigError
-    from training_airflow.kubernetes import LaunchSettings, render_objects
-
-    cfg = RunConfig.from_flat({"launcher": "kubernetes", "run_id": RUN_ID,
-                               "output_dir": dirs[0], "staging_dir": dirs[1]})
-    settings = LaunchSettings(k8s.KubernetesOptions(), shared_volume_claim="data",
-                              shared_mount_path=mount)
-    with pytest.raises(ConfigError, match=re.escape(message)):
-        render_objects(cfg, settings)
+    assert isinstance(error, ConfigError)
+    assert str(error).startswith("TRAINING_K8S_POLL_INTERVAL: KubernetesOptions.poll_interval")
+    assert cluster.requests == []

@@ -1,5 +1,6 @@
 """Kubernetes specs: valid against the official client models, consistent TF_CONFIGs,
-accelerator scheduling, no credentials, deterministic names, clear option errors."""
+accelerator scheduling, the shared volume rendered in, no credentials, deterministic
+names, clear option errors (one style, from a dict or the TRAINING_K8S_* variables)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -15,7 +17,11 @@ import yaml
 from training.config import RunConfig
 from training.errors import ConfigError
 from training.launch import kubernetes as k8s
-from training.train import strategy
+from training.launch.kubernetes.manifests import CONFIG_FILE, LABEL_PREFIX, TPU_IMAGE
+from training.launch.kubernetes.names import MAX_JOB_NAME
+from training.launch.kubernetes.pod import WRAPPER
+from training.launch.kubernetes.scheduling import GPU_TOLERATION, TPU_TOLERATION
+from training.train import cluster
 
 KINDS = {"ConfigMap": "V1ConfigMap", "Service": "V1Service", "Job": "V1Job"}
 DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
@@ -44,6 +50,11 @@ def api_client():
     return kubernetes.client.ApiClient()
 
 
+def as_model(api_client, obj: dict, kind: str):
+    """``obj`` read as the client reads an API response (public ``deserialize``)."""
+    return api_client.deserialize(SimpleNamespace(data=json.dumps(obj)), kind)
+
+
 # --- the objects are valid Kubernetes -------------------------------------------------
 @pytest.mark.parametrize("accelerator", ["cpu", "gpu", "tpu"])
 @pytest.mark.parametrize("workers", [1, 4])
@@ -51,7 +62,7 @@ def test_objects_round_trip_through_the_client_models(api_client, accelerator, w
     _, _, objects = make(accelerator, workers)
     assert [o["kind"] for o in objects] == ["ConfigMap", "Service", "Job"]
     for obj in objects:
-        model = api_client._ApiClient__deserialize(obj, KINDS[obj["kind"]])
+        model = as_model(api_client, obj, KINDS[obj["kind"]])
         assert type(model).__name__ == KINDS[obj["kind"]]
         # Nothing unknown or misspelt was dropped, no type was coerced.
         assert api_client.sanitize_for_serialization(model) == obj
@@ -65,7 +76,7 @@ def test_job_service_and_config_map_fit_together(accelerator, workers):
     name = job["metadata"]["name"]
     assert config_map["metadata"]["name"] == service["metadata"]["name"] == name
     # the pods train on exactly the validated config
-    shipped = config_map["data"][k8s.CONFIG_FILE]
+    shipped = config_map["data"][CONFIG_FILE]
     assert shipped == cfg.to_json()
     assert RunConfig.from_json(shipped) == cfg
     assert RunConfig.from_json(shipped).run_id == cfg.run_id
@@ -78,7 +89,7 @@ def test_job_service_and_config_map_fit_together(accelerator, workers):
     assert pod["restartPolicy"] == "Never"
     assert pod["subdomain"] == service["metadata"]["name"]
     c = container(job)
-    assert c["command"] == [*k8s.WRAPPER, "python", "-m", "training", "train",
+    assert c["command"] == [*WRAPPER, "python", "-m", "training", "train",
                             "--config", "/etc/training/config.json"]
     assert c["volumeMounts"] == [{"name": "config", "mountPath": "/etc/training",
                                   "readOnly": True}]
@@ -89,8 +100,8 @@ def test_job_service_and_config_map_fit_together(accelerator, workers):
     assert service["spec"]["ports"][0]["port"] == 2222
     pod_labels = spec["template"]["metadata"]["labels"]
     assert service["spec"]["selector"].items() <= pod_labels.items()
-    assert pod_labels[f"{k8s.LABEL_PREFIX}/run-id"] == cfg.run_id
-    assert job["metadata"]["annotations"][f"{k8s.LABEL_PREFIX}/run-id"] == cfg.run_id
+    assert pod_labels[f"{LABEL_PREFIX}/run-id"] == cfg.run_id
+    assert job["metadata"]["annotations"][f"{LABEL_PREFIX}/run-id"] == cfg.run_id
     codes = spec["podFailurePolicy"]["rules"][0]["onExitCodes"]
     assert codes["containerName"] == c["name"] and codes["values"] == [2]
 
@@ -120,8 +131,8 @@ def test_workers_get_distinct_consistent_tf_configs(workers):
     for i, (raw, data) in enumerate(zip(configs, parsed, strict=True)):
         assert data["cluster"] == {"worker": expected_hosts}
         assert data["task"] == {"type": "worker", "index": i}
-        assert strategy.tf_config_workers(raw) == workers
-        assert strategy.is_chief(raw) is (i == 0)
+        assert cluster.workers(raw) == workers
+        assert cluster.is_chief(raw) is (i == 0)
         assert raw == k8s.tf_config_for_index(name, svc, "ml", workers, i, 2222)
     # each host is a valid pod hostname under the Service's subdomain
     for host in expected_hosts:
@@ -132,7 +143,7 @@ def test_one_worker_gets_no_tf_config_and_the_function_still_works():
     _, _, (_, _, job) = make("cpu", 1)
     assert k8s.tf_config_from_env(pod_env(job, 0)) is None
     raw = k8s.tf_config_for_index("train-x", "train-x", "ml", 1, 0)
-    assert strategy.tf_config_workers(raw) == 1 and strategy.is_chief(raw)
+    assert cluster.workers(raw) == 1 and cluster.is_chief(raw)
 
 
 def test_exec_wrapper_sets_tf_config_for_the_training_command(tmp_path):
@@ -161,7 +172,7 @@ def test_tf_config_errors_name_the_value():
 
 def test_module_imports_neither_tensorflow_nor_the_kubernetes_client():
     code = ("import sys, training.launch.kubernetes; "
-            "print(sorted(m for m in ('tensorflow', 'keras', 'kubernetes', 'yaml') "
+            "print(sorted(m for m in ('tensorflow', 'keras', 'kubernetes', 'yaml', 'airflow') "
             "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, timeout=60).stdout
@@ -174,7 +185,7 @@ def test_gpu_pods_ask_for_gpus_on_gpu_nodes():
     pod = job["spec"]["template"]["spec"]
     assert container(job)["resources"]["limits"]["nvidia.com/gpu"] == "4"
     assert pod["nodeSelector"] == {"cloud.google.com/gke-accelerator": "nvidia-l4"}
-    assert k8s.GPU_TOLERATION in pod["tolerations"]
+    assert GPU_TOLERATION in pod["tolerations"]
     assert "google.com/tpu" not in json.dumps(job)
     # one GPU by default; the selector label is configurable
     cfg = RunConfig.from_flat({"accelerator": "gpu"})
@@ -193,9 +204,9 @@ def test_tpu_pods_ask_for_tpu_chips_on_gke_tpu_nodes():
     assert resources["requests"]["google.com/tpu"] == resources["limits"]["google.com/tpu"] == "4"
     assert pod["nodeSelector"] == {"cloud.google.com/gke-tpu-accelerator": "tpu-v4-podslice",
                                    "cloud.google.com/gke-tpu-topology": "2x2x2"}
-    assert k8s.TPU_TOLERATION in pod["tolerations"]
+    assert TPU_TOLERATION in pod["tolerations"]
     assert "nvidia.com/gpu" not in json.dumps(job)
-    assert container(job)["image"] == k8s.TPU_IMAGE
+    assert container(job)["image"] == TPU_IMAGE
 
 
 def test_cpu_pods_ask_for_no_accelerator():
@@ -215,7 +226,7 @@ def test_extra_node_selector_and_tolerations_are_added():
     opts = k8s.KubernetesOptions(node_selector={"pool": "train"}, tolerations=(spot,))
     pod = k8s.render(cfg, opts)[2]["spec"]["template"]["spec"]
     assert pod["nodeSelector"]["pool"] == "train"
-    assert pod["tolerations"] == [k8s.GPU_TOLERATION, spot]
+    assert pod["tolerations"] == [GPU_TOLERATION, spot]
 
 
 # --- credentials ------------------------------------------------------------------------
@@ -244,7 +255,7 @@ def test_no_secret_value_is_ever_rendered(monkeypatch, api_client):
         assert ref["name"] == "training-s3" and ref["key"] == key
     assert env["AWS_SESSION_TOKEN"]["valueFrom"]["secretKeyRef"]["optional"] is True
     assert env["AWS_ENDPOINT_URL"]["value"] == "https://s3.example.com"
-    model = api_client._ApiClient__deserialize(objects[2], "V1Job")
+    model = as_model(api_client, objects[2], "V1Job")
     assert api_client.sanitize_for_serialization(model) == objects[2]
 
 
@@ -288,13 +299,13 @@ def test_names_are_valid_labels_for_any_run_id(run_id, api_client):
     cfg = RunConfig.from_flat({"run_id": run_id, "workers": 64, "accelerator": "cpu"})
     objects = k8s.render(cfg)
     name = objects[2]["metadata"]["name"]
-    assert DNS_1035.match(name) and len(name) <= k8s.MAX_JOB_NAME
+    assert DNS_1035.match(name) and len(name) <= MAX_JOB_NAME
     assert len(f"{name}-63") <= 63  # the last pod's hostname
-    label = objects[2]["metadata"]["labels"][f"{k8s.LABEL_PREFIX}/run-id"]
+    label = objects[2]["metadata"]["labels"][f"{LABEL_PREFIX}/run-id"]
     assert LABEL_VALUE.match(label) and 0 < len(label) <= 63
     assert k8s.job_name(run_id) == name  # same run id, same names: a retry finds them
-    assert objects[2]["metadata"]["annotations"][f"{k8s.LABEL_PREFIX}/run-id"] == run_id
-    model = api_client._ApiClient__deserialize(objects[2], "V1Job")
+    assert objects[2]["metadata"]["annotations"][f"{LABEL_PREFIX}/run-id"] == run_id
+    model = as_model(api_client, objects[2], "V1Job")
     assert api_client.sanitize_for_serialization(model) == objects[2]
 
 
@@ -330,6 +341,13 @@ def test_run_ids_that_sanitize_alike_get_different_names():
      "must be tolerations with operator Exists or Equal"),
     ("tolerations", "nvidia.com/gpu", "must be a list of toleration objects"),
     ("fail_job_exit_codes", (0,), "must be a list of exit codes"),
+    ("shared_volume_claim", "Data_Claim", "must be None or a PersistentVolumeClaim name"),
+    ("shared_mount_path", "data", "must be None or an absolute directory other than '/', "
+                                  "got 'data'"),
+    ("shared_mount_path", "/", "must be None or an absolute directory"),
+    ("poll_interval", -1, "must be between 0 and 3600 seconds, got -1"),
+    ("poll_interval", True, "must be between 0 and 3600 seconds, got True"),
+    ("failure_lines", 0, "must be an integer between 1 and 1000, got 0"),
 ])
 def test_bad_options_say_field_value_and_what_is_allowed(field, value, match):
     with pytest.raises(ConfigError, match=rf"KubernetesOptions\.{field} {match}"):
@@ -349,8 +367,6 @@ def test_options_from_dict_rejects_unknown_keys_and_round_trips():
     ({"accelerator": "tpu", "workers": 2}, {"tpu_topology": "2x2"},
      r"runtime.workers must be the TPU slice's hosts: topology '2x2' has 4 chips, which is "
      r"1 workers of 4 chips \(tpu_chips_per_worker\), got 2"),
-    ({"workers": 4, "strategy": "mirrored"}, {},
-     "runtime.strategy must be auto, multi_worker or tpu for runtime.workers=4, got 'mirrored'"),
     ({"num_gpus": 2}, {}, "runtime.accelerator must be 'gpu' when runtime.num_gpus"),
     ({"strategy": "tpu", "accelerator": "gpu"}, {},
      "runtime.accelerator must be 'tpu' when runtime.strategy is 'tpu', got 'gpu'"),
@@ -359,6 +375,14 @@ def test_config_and_options_must_agree(flat, options, match):
     cfg = RunConfig.from_flat(flat)
     with pytest.raises(ConfigError, match=match):
         k8s.render(cfg, k8s.KubernetesOptions(**options))
+
+
+def test_workers_that_would_train_alone_never_reach_render():
+    """The workers/strategy rule is the config's (checked when any config is built), so
+    render never sees 4 pods that would each train alone."""
+    with pytest.raises(ConfigError, match=r"runtime.strategy must be .*got 'mirrored' with "
+                                          r"runtime.workers=4: .*every worker would train alone"):
+        RunConfig.from_flat({"launcher": "kubernetes", "workers": 4, "strategy": "mirrored"})
 
 
 def test_render_command_prints_what_render_returns(tmp_path, capsys):
@@ -374,3 +398,105 @@ def test_render_command_prints_what_render_returns(tmp_path, capsys):
     assert printed == k8s.render(cfg, expected)
     assert k8s.main(["render", "--namespace", "Bad NS"]) == 2
     assert "KubernetesOptions.namespace must be" in capsys.readouterr().err
+
+
+# --- the shared volume is rendered in ---------------------------------------------------
+def shared(output_dir: str, staging_dir: str, **options):
+    cfg = RunConfig.from_flat({"launcher": "kubernetes", "workers": 2,
+                               "output_dir": output_dir, "staging_dir": staging_dir})
+    opts = k8s.KubernetesOptions(namespace="ml", shared_volume_claim="training-data",
+                                 **options)
+    return k8s.render(cfg, opts)
+
+
+def test_shared_volume_claim_is_mounted_over_output_and_staging_dirs(api_client):
+    objects = shared("/data/training/runs", "/data/training/datasets")
+    job = objects[2]
+    pod = job["spec"]["template"]["spec"]
+    assert pod["volumes"] == [
+        {"name": "config", "configMap": {"name": job["metadata"]["name"]}},
+        {"name": "shared", "persistentVolumeClaim": {"claimName": "training-data"}},
+    ]
+    assert container(job)["volumeMounts"] == [
+        {"name": "config", "mountPath": "/etc/training", "readOnly": True},
+        {"name": "shared", "mountPath": "/data/training"},  # the dirs' common parent
+    ]
+    assert api_client.sanitize_for_serialization(as_model(api_client, job, "V1Job")) == job
+    # an explicit mount path; and the same objects on every render (a retry finds them)
+    explicit = shared("/data/training/runs", "/data/training/datasets",
+                      shared_mount_path="/data")[2]
+    assert {"name": "shared", "mountPath": "/data"} in container(explicit)["volumeMounts"]
+    assert shared("/data/training/runs", "/data/training/datasets") == objects
+
+
+def test_without_a_shared_volume_nothing_is_mounted_but_the_config():
+    _, _, (_, _, job) = make("cpu", 2)
+    assert [v["name"] for v in job["spec"]["template"]["spec"]["volumes"]] == ["config"]
+
+
+@pytest.mark.parametrize(("dirs", "mount", "message"), [
+    (("runs", "/data/datasets"), None, "must be absolute paths"),
+    (("/runs", "/datasets"), None, "share no parent directory but '/'"),
+    (("/data/runs", "/data/datasets"), "/data/runs",
+     "KubernetesOptions.shared_mount_path must contain storage.output_dir"),
+    (("/etc/training/runs", "/etc/training/ds"), None,
+     "KubernetesOptions.shared_mount_path must not contain or lie in"),
+])
+def test_shared_mount_must_hold_both_directories(dirs, mount, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        shared(*dirs, shared_mount_path=mount)
+
+
+def test_a_mount_path_without_a_claim_is_refused():
+    with pytest.raises(ConfigError, match=re.escape(
+            "KubernetesOptions.shared_mount_path must be None when shared_volume_claim "
+            "(TRAINING_K8S_SHARED_PVC) is not set")):
+        k8s.KubernetesOptions(shared_mount_path="/data")
+
+
+# --- options from the TRAINING_K8S_* variables ------------------------------------------
+@pytest.mark.parametrize(("env", "message"), [
+    ({"TRAINING_K8S_OPTIONS": "{"}, "TRAINING_K8S_OPTIONS must be a JSON object"),
+    ({"TRAINING_K8S_OPTIONS": "[]"}, "TRAINING_K8S_OPTIONS must be a JSON object of "
+                                     "Kubernetes options, got list"),
+    ({"TRAINING_K8S_OPTIONS": '{"nodes": 3}'},
+     "TRAINING_K8S_OPTIONS: unknown Kubernetes option 'nodes'"),
+    ({"TRAINING_K8S_OPTIONS": '{"cpu": "0"}'},
+     "TRAINING_K8S_OPTIONS: KubernetesOptions.cpu must be a positive Kubernetes quantity"),
+    ({"TRAINING_K8S_NAMESPACE": "ML"}, "TRAINING_K8S_NAMESPACE: KubernetesOptions.namespace "
+                                       "must be"),
+    ({"TRAINING_K8S_POLL_INTERVAL": "soon"}, "TRAINING_K8S_POLL_INTERVAL must be a number, "
+                                             "got 'soon'"),
+    ({"TRAINING_K8S_POLL_INTERVAL": "-1"}, "TRAINING_K8S_POLL_INTERVAL: KubernetesOptions."
+                                           "poll_interval must be between 0 and 3600 seconds, "
+                                           "got -1.0"),
+    ({"TRAINING_K8S_FAILURE_LINES": "0"}, "TRAINING_K8S_FAILURE_LINES: KubernetesOptions."
+                                          "failure_lines must be an integer between 1 and 1000"),
+    ({"TRAINING_K8S_SHARED_PVC": "Data_Claim"},
+     "TRAINING_K8S_SHARED_PVC: KubernetesOptions.shared_volume_claim must be None or a "
+     "PersistentVolumeClaim name"),
+    ({"TRAINING_K8S_SHARED_MOUNT": "/data"},
+     "TRAINING_K8S_SHARED_MOUNT: KubernetesOptions.shared_mount_path must be None when "
+     "shared_volume_claim (TRAINING_K8S_SHARED_PVC) is not set"),
+    ({"TRAINING_K8S_SHARED_PVC": "d", "TRAINING_K8S_SHARED_MOUNT": "data"},
+     "TRAINING_K8S_SHARED_MOUNT: KubernetesOptions.shared_mount_path must be None or an "
+     "absolute directory"),
+])
+def test_env_errors_name_the_variable_and_value(env, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        k8s.KubernetesOptions.from_env(env)
+
+
+def test_env_json_with_single_overrides():
+    options = k8s.KubernetesOptions.from_env({
+        "TRAINING_K8S_OPTIONS": json.dumps({"namespace": "a", "image": "r/i:1", "cpu": "4",
+                                            "poll_interval": 9}),
+        "TRAINING_K8S_NAMESPACE": "b", "TRAINING_K8S_SERVICE_ACCOUNT": "trainer",
+        "TRAINING_K8S_POLL_INTERVAL": "2.5", "TRAINING_K8S_IMAGE": "",
+        "TRAINING_K8S_FAILURE_LINES": "7",
+    })
+    assert (options.namespace, options.image, options.cpu, options.service_account) == (
+        "b", "r/i:1", "4", "trainer")
+    assert (options.poll_interval, options.failure_lines, options.shared_volume_claim) == (
+        2.5, 7, None)
+    assert k8s.KubernetesOptions.from_env({}) == k8s.KubernetesOptions()

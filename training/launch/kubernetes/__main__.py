@@ -1,3 +1,3 @@
-from training.launch.kubernetes import main
+from training.launch.kubernetes.cli import main
 
 raise SystemExit(main())
