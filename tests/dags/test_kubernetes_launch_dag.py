@@ -39,6 +39,9 @@ TOKEN = f"fake-bearer-{uuid.uuid4().hex}"
 AWS_SECRET = f"never-log-me-{uuid.uuid4().hex}"
 NAMESPACE = "ml"
 RUN_ID = "manual__2026-03-01T00-00-00"
+# What stage_dataset hands over through XCom (the Kubernetes launcher does not read it).
+STAGED = {"name": "digits", "version": "1.0.0", "path": "/data/datasets/digits/1.0.0",
+          "staging_dir": "/data/datasets", "fingerprint": "0" * 64}
 
 
 # --- a fake Kubernetes API over HTTP --------------------------------------------------
@@ -310,7 +313,7 @@ def cfg() -> RunConfig:
 def operator():
     from training_airflow.operators import TrainOperator
 
-    return TrainOperator(task_id="train")
+    return TrainOperator(task_id="train", staged=STAGED)
 
 
 def launch(operator, cfg):
@@ -496,7 +499,7 @@ def test_execute_and_on_kill_delete_the_job(cluster, monkeypatch):
     cluster.plans.append(Plan(outcome="never"))
     params = {"launcher": "kubernetes", "epochs": 2}
     name = k8s.job_name(config_for_run(params, RUN_ID).run_id)
-    operator = TrainOperator(task_id="train")
+    operator = TrainOperator(task_id="train", staged=STAGED)
     outcome: dict = {}
 
     def execute() -> None:
@@ -529,7 +532,8 @@ def test_execute_returns_the_launch_dict(cluster):
     params = {"launcher": "kubernetes", "epochs": 2}
     cfg = config_for_run(params, RUN_ID)
 
-    result = TrainOperator(task_id="train").execute({"params": params, "run_id": RUN_ID})
+    result = TrainOperator(task_id="train", staged=STAGED).execute({"params": params,
+                                                                    "run_id": RUN_ID})
 
     assert result == {"run_id": cfg.run_id, "run_dir": str(cfg.run_dir()),
                       "job": k8s.job_name(cfg.run_id), "namespace": NAMESPACE}
