@@ -28,13 +28,13 @@ from datetime import timedelta
 import pendulum
 from airflow.sdk import DAG, Asset
 
-from training_airflow.operators import TrainOperator
 from training_airflow.params import dag_params
 from training_airflow.tasks import (
     EvaluateOperator,
     PromoteOperator,
     PublishOperator,
     StageOperator,
+    TrainOperator,
 )
 
 SCHEDULE = os.environ.get("TRAINING_SCHEDULE", "0 3 * * *") or None

@@ -1,53 +1,32 @@
 """The DAG's steps: one operator each, one library call each.
 
-``StageOperator`` stages the dataset (``training.data.staging``); ``TrainOperator``
-(``operators.py``) launches training on it. ``EvaluateOperator``, ``PublishOperator``
-and ``PromoteOperator`` take what the step before produced from its XCom (template
-fields holding ``XComArg``s, which also wire the dependencies: the staged dataset, the
-run directory, the evaluation), build the run's validated config from the params, open
-the deployment's registry and call ``training.pipeline``.
+- ``StageOperator``: ``training.data.staging.stage``; XCom: the staged dataset.
+- ``TrainOperator``: the run's launcher (``launchers.py``: a subprocess here, or a Job on
+  Kubernetes) trains on the staged dataset it is handed; XCom: the run directory.
+- ``EvaluateOperator``, ``PublishOperator``, ``PromoteOperator``: ``training.pipeline``'s
+  evaluate, publish and promote on the run directory and evaluation they are handed,
+  with the deployment's registry.
 
-Each carries a "Model version" extra link (in the task's Details tab): the version
-on the Models page (``/models/#<model>/<version>`` under the path of ``[api]
-base_url``, so it opens on whatever host the UI was reached by), from which the page
-links back to the Airflow run. The operator pushes the version it works on as XCom ``model_version``
-before it does anything, so the link exists even when the step fails or is skipped;
-Airflow 3 computes extra links in the task process when the task ends and stores them
-as XCom, so the api-server runs none of this code.
+Every step takes what the step before produced from its XCom (template fields holding
+``XComArg``s, which also wire the dependencies) and builds the run's validated config
+from the params (``params.config_for_run``); it never re-derives a path from its own
+worker's environment. The model steps carry the "Model version" extra link
+(``links.py``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import subprocess
+from collections.abc import Callable
 from typing import Any
-from urllib.parse import quote, urlsplit
 
-from airflow.sdk import BaseOperator, BaseOperatorLink
+from airflow.sdk import BaseOperator
 
+from training_airflow.links import VERSION_XCOM, ModelVersionLink
 from training_airflow.params import aws_conn_id, config_for_run
-
-VERSION_XCOM = "model_version"
-
-
-def models_page_url(model_name: str, version: str) -> str:
-    """The version's row on the Models page, under the path of ``[api] base_url``."""
-    from airflow.configuration import conf
-
-    root = urlsplit(conf.get("api", "base_url", fallback="") or "").path.rstrip("/")
-    return f"{root}/models/#{quote(model_name)}/{quote(version)}"
-
-
-class ModelVersionLink(BaseOperatorLink):
-    """Extra link from a step to the model version it evaluated, published or promoted."""
-
-    name = "Model version"
-
-    def get_link(self, operator: Any, *, ti_key: Any) -> str:
-        # When a task ends, the task runner passes its own task instance here.
-        pull = getattr(ti_key, "xcom_pull", None)
-        found = pull(task_ids=ti_key.task_id, key=VERSION_XCOM) if pull else None
-        if not isinstance(found, dict):
-            return ""
-        return models_page_url(found["model_name"], found["version"])
 
 
 class _ModelStep(BaseOperator):
@@ -85,6 +64,38 @@ class StageOperator(BaseOperator):
         for asset in self.outlets:
             context["outlet_events"][asset].extra = staged
         return staged
+
+
+class TrainOperator(BaseOperator):
+    """Train the run's model on the staged dataset (``stage_dataset``'s XCom) with the
+    launcher its params ask for; XCom: the run dir."""
+
+    template_fields = ("staged",)
+    ui_color = "#ffd8a8"
+
+    def __init__(self, *, staged: Any, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.staged = staged
+        self.child: subprocess.Popen | None = None
+        self.stop: Callable[[], None] | None = None  # set by launchers with their own kill
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        cfg = config_for_run(context["params"], context["run_id"])
+        from training_airflow.launchers import LAUNCHERS
+
+        launch = LAUNCHERS[cfg.runtime.launcher]
+        self.log.info("launching %s training for run %s (%s, %d worker(s))",
+                      cfg.runtime.launcher, cfg.run_id, cfg.runtime.accelerator,
+                      cfg.runtime.workers)
+        return launch(self, cfg, context)
+
+    def on_kill(self) -> None:
+        if self.stop is not None:
+            self.stop()
+        elif self.child is not None and self.child.poll() is None:
+            self.log.info("sending SIGTERM to the training process group")
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.child.pid, signal.SIGTERM)
 
 
 class EvaluateOperator(_ModelStep):

@@ -1,4 +1,4 @@
-"""``launcher=kubernetes``: the TrainOperator (``training_airflow.launch_kubernetes``)
+"""``launcher=kubernetes``: the TrainOperator (``training_airflow.launchers``)
 gets the API clients from the cncf-kubernetes provider's ``KubernetesHook`` and runs
 ``training.launch.kubernetes.TrainingJob``: a dry run of the Job, then the objects
 applied, the Job followed, worker logs and failures surfaced, resumed on retry, and the
@@ -311,7 +311,7 @@ def cfg() -> RunConfig:
 
 @pytest.fixture
 def operator():
-    from training_airflow.operators import TrainOperator
+    from training_airflow.tasks import TrainOperator
 
     return TrainOperator(task_id="train", staged=STAGED)
 
@@ -319,7 +319,7 @@ def operator():
 def launch(operator, cfg):
     from structlog.testing import capture_logs
 
-    from training_airflow.operators import LAUNCHERS
+    from training_airflow.launchers import LAUNCHERS
 
     with capture_logs() as logs:
         try:
@@ -492,8 +492,8 @@ def test_execute_and_on_kill_delete_the_job(cluster, monkeypatch):
     from structlog.testing import capture_logs
 
     from training.errors import LaunchError
-    from training_airflow.operators import TrainOperator
     from training_airflow.params import config_for_run
+    from training_airflow.tasks import TrainOperator
 
     monkeypatch.setenv("TRAINING_K8S_POLL_INTERVAL", "0.02")
     cluster.plans.append(Plan(outcome="never"))
@@ -526,8 +526,8 @@ def test_execute_and_on_kill_delete_the_job(cluster, monkeypatch):
 
 
 def test_execute_returns_the_launch_dict(cluster):
-    from training_airflow.operators import TrainOperator
     from training_airflow.params import config_for_run
+    from training_airflow.tasks import TrainOperator
 
     params = {"launcher": "kubernetes", "epochs": 2}
     cfg = config_for_run(params, RUN_ID)
@@ -584,7 +584,7 @@ def test_without_a_shared_volume_the_launch_warns(cluster, cfg, operator):
 
 
 def test_the_connection_comes_from_training_k8s_conn_id():
-    from training_airflow.launch_kubernetes import conn_id_from_env
+    from training_airflow.launchers import conn_id_from_env
 
     assert conn_id_from_env({"TRAINING_K8S_CONN_ID": "k8s_prod"}) == "k8s_prod"
     assert conn_id_from_env({"TRAINING_K8S_CONN_ID": ""}) == "kubernetes_default"

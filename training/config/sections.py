@@ -11,6 +11,7 @@ from training.errors import ConfigError
 from training.layout import NAME_PATTERN, NAME_WORDS
 from training.train.models import MODELS
 
+MAX_WORKERS = 64  # also bounds the Kubernetes Job's pod names
 DEVICE_PATTERN = r"(/job:\w+(/replica:\d+)?(/task:\d+)?)?/?(device:)?(CPU|GPU|TPU|cpu|gpu|tpu):\d+"
 
 
@@ -148,7 +149,7 @@ class RuntimeConfig(Section):
     )
     workers: int = setting(
         1, "Number of training worker processes (multi-worker when more than 1).",
-        key="workers", minimum=1, maximum=64,
+        key="workers", minimum=1, maximum=MAX_WORKERS,
     )
     launcher: str = setting(
         "local", "Where training runs: a subprocess on this worker (local) or pods on "

@@ -11,9 +11,9 @@ import hashlib
 import re
 from typing import Any
 
+from training.config.sections import MAX_WORKERS
 from training.errors import ConfigError, shown
 
-MAX_WORKERS = 64  # runtime.workers' maximum in the run config
 # A pod's hostname is "<job>-<index>" and must stay a 63-character DNS label.
 MAX_JOB_NAME = 63 - len(f"-{MAX_WORKERS - 1}")
 

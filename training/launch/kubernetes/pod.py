@@ -19,8 +19,9 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 
+from training.config.sections import MAX_WORKERS
 from training.errors import ConfigError, shown
-from training.launch.kubernetes.names import MAX_WORKERS, is_dns_label
+from training.launch.kubernetes.names import is_dns_label
 from training.train import cluster  # TF_CONFIG: the one place that builds it
 
 WRAPPER = ("python", "-m", "training.launch.kubernetes", "exec", "--")

@@ -1,21 +1,26 @@
-"""``TrainOperator``: run ``python -m training train`` for one DAG run.
+"""How ``train`` runs: one launcher per ``runtime.launcher``, over ``training.launch``.
 
-``launcher=local`` runs it as a subprocess on the worker, in its own process group:
-its output streams line by line into the task log (TensorFlow's CUDA probing noise on
-a CPU-only worker left out), ``on_kill`` (a task marked failed, a timeout, a worker
-shutdown) sends SIGTERM to its group, and its exit code decides the task: 0 succeeds;
-2 is a configuration error that no retry can fix, so the task fails at once without
-retries (``AirflowFailException``); anything else fails and is retried. The failure
-message is the child's ``error:`` line. The child gets the store's credentials
-through its environment only. The run's config is written to
+``launcher=local`` runs ``python -m training train`` as a subprocess on the worker, in
+its own process group: its output streams line by line into the task log (TensorFlow's
+CUDA probing noise on a CPU-only worker left out), ``on_kill`` (a task marked failed, a
+timeout, a worker shutdown) sends SIGTERM to its group, and its exit code decides the
+task: 0 succeeds; 2 is a configuration error that no retry can fix, so the task fails at
+once without retries (``AirflowFailException``); anything else fails and is retried.
+The failure message is the child's ``error:`` line. The child gets the store's
+credentials through its environment only. The run's config is written to
 ``<output_dir>/<run_id>.launch.json`` and passed with ``--config``; because the run id
 comes from the Airflow run, a retry lands in the same run directory and
 BackupAndRestore resumes it. The dataset is the one ``stage_dataset`` staged (its XCom,
 written beside the config and passed with ``--staged``), verified, never staged again.
 
-``launcher=kubernetes`` runs the run's pods as an Indexed Job through the cncf-kubernetes
-provider's ``KubernetesHook`` and follows it to the end
-(``training_airflow.kubernetes``); ``on_kill`` deletes the Job.
+``launcher=kubernetes`` reads the deployment's settings from the Airflow worker's
+environment (``KubernetesOptions.from_env``: ``TRAINING_K8S_*``; see
+docs/kubernetes-airflow.md), gets the ``kubernetes`` API clients from the cncf-kubernetes
+provider's ``KubernetesHook`` (the connection ``kubernetes_default`` unless
+``TRAINING_K8S_CONN_ID`` names another), and runs ``training.launch.kubernetes``'s
+``TrainingJob``: render and check, then apply, follow, logs, failure message;
+``on_kill`` deletes the Job. The provider's ``KubernetesJobOperator`` is not used;
+docs/kubernetes-airflow.md says which of our guarantees it would break.
 
 Other launchers plug in through ``LAUNCHERS``: one function that takes the operator,
 the config and the context. A launcher that needs its own clean-up on kill sets
@@ -30,19 +35,17 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from airflow.sdk import BaseOperator
-
 from training.errors import LaunchError
-from training_airflow.params import aws_conn_id, config_for_run
+from training_airflow.params import aws_conn_id
 
 CONFIG_ERROR_EXIT = 2  # ``python -m training``: a configuration error (training.cli)
 
 
-def run_child(operator: TrainOperator, command: list[str], env: dict[str, str],
+def run_child(operator: Any, command: list[str], env: dict[str, str],
               cwd: str) -> tuple[int, str | None]:
     """Run ``command`` in its own process group, its output into the task log.
 
@@ -73,7 +76,7 @@ def run_child(operator: TrainOperator, command: list[str], env: dict[str, str],
     return child.wait(), error
 
 
-def _launch_local(operator: TrainOperator, cfg: Any, context: Any) -> dict[str, Any]:
+def launch_local(operator: Any, cfg: Any, context: Any) -> dict[str, Any]:
     from airflow.sdk.exceptions import AirflowFailException
 
     from training_airflow.store import s3_options, subprocess_env
@@ -101,43 +104,35 @@ def _launch_local(operator: TrainOperator, cfg: Any, context: Any) -> dict[str, 
     return {"run_id": cfg.run_id, "run_dir": os.fspath(cfg.run_dir())}
 
 
-def _launch_kubernetes(operator: TrainOperator, cfg: Any, context: Any) -> dict[str, Any]:
-    from training_airflow.launch_kubernetes import launch
-
-    return launch(operator, cfg, context)
+ENV_CONN_ID = "TRAINING_K8S_CONN_ID"
+DEFAULT_CONN_ID = "kubernetes_default"
 
 
-LAUNCHERS: dict[str, Callable[[TrainOperator, Any, Any], dict[str, Any]]] = {
-    "local": _launch_local,
-    "kubernetes": _launch_kubernetes,
+def conn_id_from_env(env: Mapping[str, str] = os.environ) -> str:
+    """The Airflow connection (type Kubernetes) the launch uses; empty counts as unset."""
+    return env.get(ENV_CONN_ID) or DEFAULT_CONN_ID
+
+
+def launch_kubernetes(operator: Any, cfg: Any, context: Any = None,
+           env: Mapping[str, str] = os.environ) -> dict[str, Any]:
+    """Train ``cfg`` on Kubernetes; XCom: run id, run dir, Job name and namespace."""
+    from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
+    from kubernetes.client import BatchV1Api
+
+    from training.launch.kubernetes import KubernetesOptions, TrainingJob
+
+    conn_id = conn_id_from_env(env)
+    # Every check (settings, config, objects) before any connection is made.
+    job = TrainingJob(cfg, KubernetesOptions.from_env(env), operator.log,
+                      identity=f"the Airflow connection {conn_id!r}")
+    operator.stop = job.stop
+    hook = KubernetesHook(conn_id=conn_id)
+    # stop() runs in a signal handler, maybe inside a request: a client of its own.
+    return job.run(hook.core_v1_client, hook.batch_v1_client,
+                   new_batch=lambda: BatchV1Api(api_client=hook.get_conn()))
+
+
+LAUNCHERS: dict[str, Callable[[Any, Any, Any], dict[str, Any]]] = {
+    "local": launch_local,
+    "kubernetes": launch_kubernetes,
 }
-
-
-class TrainOperator(BaseOperator):
-    """Train the run's model on the staged dataset (``stage_dataset``'s XCom) with the
-    launcher its params ask for; XCom: the run dir."""
-
-    template_fields = ("staged",)
-    ui_color = "#ffd8a8"
-
-    def __init__(self, *, staged: Any, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.staged = staged
-        self.child: subprocess.Popen | None = None
-        self.stop: Callable[[], None] | None = None  # set by launchers with their own kill
-
-    def execute(self, context: Any) -> dict[str, Any]:
-        cfg = config_for_run(context["params"], context["run_id"])
-        launch = LAUNCHERS[cfg.runtime.launcher]
-        self.log.info("launching %s training for run %s (%s, %d worker(s))",
-                      cfg.runtime.launcher, cfg.run_id, cfg.runtime.accelerator,
-                      cfg.runtime.workers)
-        return launch(self, cfg, context)
-
-    def on_kill(self) -> None:
-        if self.stop is not None:
-            self.stop()
-        elif self.child is not None and self.child.poll() is None:
-            self.log.info("sending SIGTERM to the training process group")
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.child.pid, signal.SIGTERM)
