@@ -103,6 +103,20 @@ def test_default_params_validate_and_map_onto_the_default_config(dag):
     assert cfg.run_id == "scheduled__2026-11-30T03-00-00-00-00"
 
 
+def test_a_rule_across_fields_fails_the_first_task_before_staging(dag, tmp_path,
+                                                                 monkeypatch):
+    from airflow.sdk.exceptions import AirflowFailException
+
+    monkeypatch.setenv("TRAINING_DATA_DIR", str(tmp_path))
+    params = {**dag.params.validate(), "workers": 2, "strategy": "mirrored"}
+    stage = dag.get_task("stage_dataset")
+    with pytest.raises(AirflowFailException, match=(  # fails at once: no retry fixes it
+            "invalid run configuration: runtime.strategy must be 'auto' or 'multi_worker' "
+            r".* got 'mirrored' with runtime.workers=2")):
+        stage.execute({"params": params, "run_id": "manual__2026-12-01T00:00:00+00:00"})
+    assert list(tmp_path.iterdir()) == []  # nothing staged
+
+
 def test_form_is_the_config_schema_minus_deployment_settings(dag):
     schema = json_schema(flat=True)["properties"]
     form = {s.key for s in flat_fields() if not s.deployment}
