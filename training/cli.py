@@ -210,7 +210,7 @@ def _run_steps(args: argparse.Namespace, cfg: RunConfig, staged: Any) -> int:
 def _models(args: argparse.Namespace) -> int:
     from datetime import UTC, datetime
 
-    from training.registry.store import open_store
+    from training.registry import open_store
     from training.registry.versions import ModelRegistry
 
     registry = ModelRegistry(open_store(args.store_uri))

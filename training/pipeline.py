@@ -28,9 +28,9 @@ from training.errors import RegistryError, shown
 from training.evaluate import evaluate_model
 from training.layout import model_dir
 from training.locks import claim_run
+from training.registry import open_store
 from training.registry.policy import PromotionPolicy, decide
 from training.registry.s3 import S3Options
-from training.registry.store import open_store
 from training.registry.versions import ModelRegistry
 
 log = logging.getLogger(__name__)

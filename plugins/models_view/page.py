@@ -137,7 +137,7 @@ class _StoreCache:
         self.secrets: frozenset[str] = frozenset()
 
     def get(self) -> Any:
-        from training.registry.store import open_store
+        from training.registry import open_store
         from training.registry.versions import ModelRegistry
         from training_airflow.params import aws_conn_id, deployment_settings
         from training_airflow.store import s3_options

@@ -60,7 +60,7 @@ def dag(airflow_db, moto_server, monkeypatch):
 def test_first_run_promotes_second_records_why_not_invalid_conf_never_runs(dag, capfd):
     from airflow.sdk.exceptions import ParamValidationError
 
-    from training.registry.store import open_store
+    from training.registry import open_store
     from training.registry.versions import ModelRegistry
     from training_airflow.store import s3_options
 

@@ -11,9 +11,9 @@ import threading
 import pytest
 
 from training.errors import ConflictError, IntegrityError, StorageError
+from training.registry import open_store
 from training.registry.local import FileStore
 from training.registry.s3 import S3Options, S3Store
-from training.registry.store import open_store
 
 
 def test_bytes_round_trip_and_etag_follows_content(store):
@@ -249,7 +249,7 @@ def test_open_store_picks_the_store_from_the_uri(tmp_path, moto_server):
 
 
 def test_importing_storage_does_not_import_boto3():
-    code = ("import sys, training.registry.store; "
+    code = ("import sys, training.registry, training.registry.s3; "
             "print('boto3' in sys.modules, 'botocore' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False"]

@@ -25,7 +25,7 @@ from support.cli import cli, one_error_line
 from support.cutproxy import CutProxy
 from support.s3server import DUMMY_KEY, DUMMY_SECRET, REGION
 
-from training.registry.store import open_store
+from training.registry import open_store
 from training.registry.versions import ModelRegistry
 
 pytestmark = pytest.mark.slow

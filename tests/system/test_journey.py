@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 from devstack import DAG_ID, USER, artifacts_dir
 
-from training.registry.store import open_store
+from training.registry import open_store
 from training.registry.versions import ModelRegistry
 
 pytestmark = pytest.mark.slow

@@ -33,7 +33,7 @@ from typing import Any
 import pytest
 from markupsafe import escape
 
-from training.registry.store import open_store
+from training.registry import open_store
 from training.registry.versions import ModelRegistry
 
 pytestmark = pytest.mark.slow

@@ -1,6 +1,5 @@
-"""Object stores: one small interface and the URI that picks an implementation.
-
-``open_store(uri, options)`` picks the implementation from the URI:
+"""Object stores: one small interface. ``training.registry.open_store(uri, options)``
+picks the implementation from the URI:
 
 - ``s3://bucket/prefix`` talks to S3 (or any S3-compatible server) through boto3
   (``S3Store``, ``s3.py``);
@@ -17,8 +16,7 @@ the transfer, and the hex digest in the object metadata ``sha256``); every S3
 download is checked against that digest and a mismatch raises
 :class:`~training.errors.IntegrityError` naming the key.
 
-Importing this module imports neither implementation; boto3 is imported only when an
-S3 store is opened, so importing this module is cheap.
+boto3 is imported only when an S3 store is opened, so importing the stores is cheap.
 """
 
 from __future__ import annotations
@@ -26,15 +24,10 @@ from __future__ import annotations
 import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-from urllib.parse import unquote, urlparse
 
 from training.errors import StorageError
 
-if TYPE_CHECKING:
-    from training.registry.s3 import S3Options
-
-__all__ = ["INTERNAL_MARK", "ObjectInfo", "Store", "check_key", "open_store"]
+__all__ = ["INTERNAL_MARK", "ObjectInfo", "Store", "check_key"]
 
 # Names the stores use for their own temporary and lock files; keys may not use them.
 INTERNAL_MARK = ".~"
@@ -118,30 +111,3 @@ class Store(ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.uri!r})"
-
-
-def open_store(uri: str, options: S3Options | None = None) -> Store:
-    """Open the store a URI names: ``s3://bucket/prefix``, ``file:///path`` or a path."""
-    # Imported here: both implementations import this module (and S3Store imports boto3
-    # only when it is created).
-    from training.registry.local import FileStore
-    from training.registry.s3 import S3Store
-
-    if not isinstance(uri, str) or not uri:
-        raise StorageError(f"store URI must be a non-empty string, got {uri!r}")
-    parsed = urlparse(uri)
-    if parsed.scheme == "s3":
-        return S3Store(parsed.netloc, unquote(parsed.path), options)
-    if options is not None:
-        raise StorageError(f"S3Options apply to s3:// stores only, got URI {uri!r}")
-    if parsed.scheme == "file":
-        if parsed.netloc not in ("", "localhost"):
-            raise StorageError(
-                f"file:// URIs must name a local absolute path (file:///abs/path), got {uri!r}"
-            )
-        return FileStore(unquote(parsed.path))
-    if parsed.scheme and len(parsed.scheme) > 1:  # 'C:' style drive letters aside
-        raise StorageError(
-            f"store URI scheme must be s3:// or file:// (or a plain path), got {uri!r}"
-        )
-    return FileStore(uri)

@@ -21,7 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Exit status 0 with the page's path on stdout; a bad command line exits 2 with
     argparse's usage and ``error:`` line, a failed build 1 with one ``error:`` line."""
-    from training.cli import run_command
+    from training.entry import run_command
     from training.report.build import build_report
 
     args = build_parser().parse_args(argv)

@@ -60,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from training.cli import run_command
+    from training.entry import run_command
 
     args = build_parser().parse_args(argv)
 
