@@ -1,24 +1,17 @@
-"""Callbacks and strategy-scoped ``model.fit``.
+"""Callbacks and strategy-scoped ``model.fit``: the ``train`` step.
 
-``train`` builds, compiles and fits inside ``strategy.scope()``. The run directory
-``<output_dir>/<run_id>/`` holds ``model/``, everything that is published as one model
-version, and beside it the working state (``checkpoints/``, ``backup/``). ``model/``:
+``train`` builds, compiles and fits inside ``strategy.scope()`` and writes the run
+directory (``<output_dir>/<run_id>/``; its files are named in ``training.layout``):
+``model/`` (config, ``run.json``, the model and its SavedModel export, history,
+TensorBoard events, ``trained.json`` last) and beside it the working state
+(``checkpoints/``, ``backup/``).
 
-* ``config.json``      the effective config (written first);
-* ``run.json``         effective strategy values, dataset key, software versions;
-* ``model.keras``      the final model: the best epoch's weights when
-                       ``restore_best_weights`` is on;
-* ``saved_model/``     a SavedModel export for serving (``serve`` signature, raw pixels);
-* ``history.json`` / ``history.csv``  per-epoch metrics and learning rate;
-* ``tensorboard/``     TensorBoard event files: ``train/`` and ``validation/`` scalars
-                       per epoch (loss, accuracy, learning rate).
-
-``checkpoints/best.keras`` is ModelCheckpoint's best epoch. ``backup/`` holds the
-resumable state while training runs (``training.train.callbacks.backup``), so a re-run
-with the same run id resumes after the last finished epoch with the callbacks where they
-were; SIGTERM writes a backup and exits 143 (``training.train.preemption``). ``backup/``
-is removed once the model is saved. Only the chief writes these files; other workers of
-a multi-worker run write to a temporary directory that is removed.
+``backup/`` holds the resumable state while training runs
+(``training.train.callbacks.backup``), so a re-run with the same run id resumes after
+the last finished epoch with the callbacks where they were; SIGTERM writes a backup and
+exits 143 (``training.train.preemption``). ``backup/`` is removed once the model is
+saved. Only the chief writes these files; other workers of a multi-worker run write to a
+temporary directory that is removed.
 """
 
 from __future__ import annotations
@@ -36,22 +29,19 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from training import layout
 from training.config import FitConfig, RunConfig
 from training.data import staging
 from training.data.catalog import dataset_info
 from training.data.input import load_builder, make_dataset, split_names
 from training.data.staging import StagedDataset
 from training.errors import ConfigError
+from training.layout import TRAINED, model_dir
 from training.locks import claim_run
 from training.train import compat, models
 from training.train.strategy import precision_policy, resolve, steps_per_execution
 
 log = logging.getLogger(__name__)
-
-
-def model_dir(run_dir: str | Path) -> Path:
-    """The part of a run directory that is published as a model version."""
-    return Path(run_dir) / "model"
 
 
 def make_callbacks(fit: FitConfig, run_dir: Path) -> list[Any]:
@@ -66,7 +56,8 @@ def make_callbacks(fit: FitConfig, run_dir: Path) -> list[Any]:
 
     from training.train.callbacks.backup import ResumableBackup
 
-    (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
+    best = run_dir.joinpath(*layout.BEST_CHECKPOINT)
+    best.parent.mkdir(parents=True, exist_ok=True)
     mode = "max" if fit.early_stopping_monitor.endswith("accuracy") else "min"
     early_stopping = keras.callbacks.EarlyStopping(
         monitor=fit.early_stopping_monitor,
@@ -85,7 +76,7 @@ def make_callbacks(fit: FitConfig, run_dir: Path) -> list[Any]:
         verbose=1,
     )
     checkpoint = keras.callbacks.ModelCheckpoint(
-        os.fspath(run_dir / "checkpoints" / "best.keras"),
+        os.fspath(best),
         monitor=fit.early_stopping_monitor,
         mode=mode,
         save_best_only=True,
@@ -95,10 +86,11 @@ def make_callbacks(fit: FitConfig, run_dir: Path) -> list[Any]:
         early_stopping,
         reduce_lr,
         checkpoint,
-        keras.callbacks.CSVLogger(os.fspath(model_dir(run_dir) / "history.csv"), append=True),
-        keras.callbacks.TensorBoard(os.fspath(model_dir(run_dir) / "tensorboard"),
+        keras.callbacks.CSVLogger(os.fspath(model_dir(run_dir) / layout.HISTORY_CSV),
+                                  append=True),
+        keras.callbacks.TensorBoard(os.fspath(model_dir(run_dir) / layout.TENSORBOARD_DIR),
                                     update_freq="epoch", write_graph=False, profile_batch=0),
-        ResumableBackup(run_dir / "backup", early_stopping=early_stopping,
+        ResumableBackup(run_dir / layout.BACKUP_DIR, early_stopping=early_stopping,
                         reduce_lr=reduce_lr, checkpoint=checkpoint,
                         min_interval_s=fit.backup_interval_s),
     ]
@@ -164,9 +156,6 @@ def _started_at(run_json: Path) -> str:
         with contextlib.suppress(ValueError, KeyError):
             return json.loads(run_json.read_text())["started_at"]
     return datetime.now(UTC).isoformat(timespec="seconds")
-
-
-TRAINED = "trained.json"  # in model/: written last, when the model is saved
 
 
 def already_trained(cfg: RunConfig) -> TrainResult | None:
@@ -236,9 +225,9 @@ def _train(cfg: RunConfig, staged: StagedDataset, resolved: Any,
     out = model_dir(run_dir)
     out.mkdir(parents=True, exist_ok=True)
     cfg.write(out)
-    (out / "run.json").write_text(json.dumps({
+    (out / layout.RUN).write_text(json.dumps({
         "run_id": cfg.run_id,
-        "started_at": _started_at(out / "run.json"),
+        "started_at": _started_at(out / layout.RUN),
         "dataset": staged.to_dict(),
         "strategy": resolved.to_dict(),
         "software": software_versions(),
@@ -278,17 +267,17 @@ def _train(cfg: RunConfig, staged: StagedDataset, resolved: Any,
     # The whole run's history, epochs before a restart included (History only has
     # this process's).
     summary = _history_summary(backup.epochs, backup.metrics, backup.early_stopping)
-    (out / "history.json").write_text(json.dumps(summary, indent=2) + "\n")
-    model.save(out / "model.keras")
-    saved_model_path = out / "saved_model"
+    (out / layout.HISTORY).write_text(json.dumps(summary, indent=2) + "\n")
+    model.save(out / layout.MODEL_FILE)
+    saved_model_path = out / layout.SAVED_MODEL_DIR
     if saved_model_path.exists():
         shutil.rmtree(saved_model_path)  # a retry replaces a half-written export
     model.export(os.fspath(saved_model_path), format="tf_saved_model", verbose=False)
     es = summary["early_stopping"]
     result = TrainResult(
         run_dir=os.fspath(final_dir),
-        model_path=os.fspath(model_dir(final_dir) / "model.keras"),
-        saved_model_path=os.fspath(model_dir(final_dir) / "saved_model"),
+        model_path=os.fspath(model_dir(final_dir) / layout.MODEL_FILE),
+        saved_model_path=os.fspath(model_dir(final_dir) / layout.SAVED_MODEL_DIR),
         epochs_run=len(summary["epochs"]),
         best_epoch=es["best_epoch"],
         stopped_epoch=es["stopped_epoch"],
@@ -299,7 +288,7 @@ def _train(cfg: RunConfig, staged: StagedDataset, resolved: Any,
         tmp.write_text(json.dumps({"config_fingerprint": cfg.fingerprint(),
                                    "result": result.to_dict()}, indent=2) + "\n")
         os.replace(tmp, marker)
-    shutil.rmtree(run_dir / "backup", ignore_errors=True)  # the model is saved: done
+    shutil.rmtree(run_dir / layout.BACKUP_DIR, ignore_errors=True)  # the model is saved: done
     if not resolved.is_chief:
         shutil.rmtree(run_dir, ignore_errors=True)
     log.info("trained %d epochs (best epoch %s); model at %s", result.epochs_run,

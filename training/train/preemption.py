@@ -87,6 +87,7 @@ def stop_on_sigterm(backup: Stoppable, *, enabled: bool = True,
     current batch with a backup and ``Preempted`` (exit status 143); if no batch ends
     within ``grace_s`` seconds (a stuck step), the process exits 143 without a backup.
 
+    ``grace_s`` is a parameter so that a test can run the real watchdog in seconds.
     Not installed when ``enabled`` is false (several workers: see the module docstring)
     or outside the main thread (Python only delivers signals there). The previous
     handler is restored at the end; a SIGTERM that came after the last batch, when

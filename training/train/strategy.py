@@ -24,8 +24,6 @@ from typing import Any
 from training.config import RunConfig, RuntimeConfig
 from training.errors import ConfigError, shown
 from training.train import cluster  # TF_CONFIG: the one place that reads it
-from training.train.cluster import is_chief
-from training.train.cluster import workers as tf_config_workers
 
 log = logging.getLogger(__name__)
 
@@ -166,14 +164,14 @@ def resolve(
     gpu_names = [f"/gpu:{i}" for i in range(len(tf.config.list_physical_devices("GPU")))]
     # Listing devices starts TF's runtime, which must not happen before a multi-worker
     # strategy configures its collectives.
-    if runtime.devices and runtime.workers <= 1 and tf_config_workers(tf_config) <= 1:
+    if runtime.devices and runtime.workers <= 1 and cluster.workers(tf_config) <= 1:
         check_devices(list(runtime.devices),
                       [d.name for d in tf.config.list_logical_devices()])
     devices = select_devices(runtime, gpu_names)
     kind = choose_kind(
         runtime.strategy,
         tpu_available=resolver is not None,
-        workers_in_tf_config=tf_config_workers(tf_config),
+        workers_in_tf_config=cluster.workers(tf_config),
         gpus=sum(1 for d in devices if "gpu" in d.lower()),
     )
     if kind == "tpu":
@@ -195,7 +193,7 @@ def resolve(
         replicas=replicas,
         global_batch_size=cfg.fit.batch_size * replicas,
         learning_rate=scaled_learning_rate(cfg.fit.learning_rate, cfg.fit.lr_scaling, replicas),
-        is_chief=is_chief(tf_config),
+        is_chief=cluster.is_chief(tf_config),
     )
     log.info(
         "strategy %s on %s: %d replicas, global batch %d (%d per replica), "
