@@ -124,7 +124,7 @@ def launch_kubernetes(operator: Any, cfg: Any, context: Any = None,
     conn_id = conn_id_from_env(env)
     # Every check (settings, config, objects) before any connection is made.
     job = TrainingJob(cfg, KubernetesOptions.from_env(env), operator.log,
-                      identity=f"the Airflow connection {conn_id!r}")
+                      identity=f"the Airflow connection {conn_id!r}", staged=operator.staged)
     operator.stop = job.stop
     hook = KubernetesHook(conn_id=conn_id)
     # stop() runs in a signal handler, maybe inside a request: a client of its own.

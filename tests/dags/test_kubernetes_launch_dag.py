@@ -39,7 +39,7 @@ TOKEN = f"fake-bearer-{uuid.uuid4().hex}"
 AWS_SECRET = f"never-log-me-{uuid.uuid4().hex}"
 NAMESPACE = "ml"
 RUN_ID = "manual__2026-03-01T00-00-00"
-# What stage_dataset hands over through XCom (the Kubernetes launcher does not read it).
+# What stage_dataset hands over through XCom; the pods train on it.
 STAGED = {"name": "digits", "version": "1.0.0", "path": "/data/datasets/digits/1.0.0",
           "staging_dir": "/data/datasets", "fingerprint": "0" * 64}
 
@@ -345,8 +345,11 @@ def test_success_applies_configmap_service_job_and_logs_every_worker(cluster, cf
     name = k8s.job_name(cfg.run_id)
     assert result == {"run_id": RUN_ID, "run_dir": f"/data/training/runs/{RUN_ID}",
                       "job": name, "namespace": NAMESPACE}
+    # stage_dataset's XCom travels in the ConfigMap; the pods train on it (--staged)
     expected = k8s.render(cfg, k8s.KubernetesOptions(namespace=NAMESPACE,
-                                                     credentials_secret="training-s3"))
+                                                     credentials_secret="training-s3"),
+                          STAGED)
+    assert json.loads(expected[0]["data"]["staged.json"]) == STAGED
     assert cluster.created() == [("configmaps", NAMESPACE, expected[0]),
                                  ("services", NAMESPACE, expected[1]),
                                  ("jobs", NAMESPACE, expected[2])]

@@ -8,7 +8,7 @@ import pytest
 
 from training import pipeline
 from training.errors import RegistryError
-from training.train.fit import model_dir
+from training.layout import model_dir
 
 pytestmark = pytest.mark.slow
 

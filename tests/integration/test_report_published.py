@@ -11,8 +11,8 @@ import pytest
 from markupsafe import escape
 
 from training import pipeline, report
+from training.layout import model_dir
 from training.registry.local import FileStore
-from training.train.fit import model_dir
 
 pytestmark = pytest.mark.slow
 

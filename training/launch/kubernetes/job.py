@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from training.config import RunConfig
@@ -72,11 +72,13 @@ class TrainingJob:
 
     def __init__(self, cfg: RunConfig, options: KubernetesOptions, log: Any, *,
                  identity: str = "the Kubernetes identity in use",
+                 staged: Mapping[str, Any] | None = None,
                  sleep: Callable[[float], None] = time.sleep) -> None:
         """Render (and so check) the run's objects; nothing touches a cluster before
-        ``run``. ``identity`` names who calls the API, in permission errors."""
+        ``run``. ``identity`` names who calls the API, in permission errors; ``staged``
+        is the staged dataset the pods train on (``manifests.render``)."""
         self.cfg, self.options = cfg, options
-        self.config_map, self.service, self.job = render(cfg, options)
+        self.config_map, self.service, self.job = render(cfg, options, staged)
         self.name = self.job["metadata"]["name"]
         self.namespace = options.namespace
         self.log, self.identity, self.sleep = log, identity, sleep

@@ -8,7 +8,8 @@ Plain dicts, in apply order:
    is reachable at ``<job>-<i>.<service>.<namespace>.svc:<port>``;
 3. an **Indexed Job** of ``runtime.workers`` pods (``completions = parallelism = N``,
    ``subdomain`` = the Service), each running the pod wrapper (``pod.WRAPPER``) around
-   ``python -m training train --config /etc/training/config.json``; with
+   ``python -m training train --config /etc/training/config.json`` (and ``--staged
+   /etc/training/staged.json`` when the DAG handed over its staged dataset); with
    ``options.shared_volume_claim`` its pods also mount that claim over the output and
    staging directories, at the same path as on the Airflow workers.
 
@@ -21,6 +22,7 @@ client; the unit tests check every shape against the client's models.
 
 from __future__ import annotations
 
+import json
 import posixpath
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -56,6 +58,7 @@ CONFIG_PATH = f"{CONFIG_DIR}/{CONFIG_FILE}"
 CONTAINER_NAME = "trainer"
 PORT_NAME = "grpc"
 SHARED_VOLUME = "shared"
+STAGED_FILE = "staged.json"
 TRAIN_COMMAND = ("python", "-m", "training", "train", "--config", CONFIG_PATH)
 
 
@@ -152,13 +155,17 @@ def _env(cfg: RunConfig, options: KubernetesOptions, job: str) -> list[dict[str,
     return env
 
 
-def _pod_spec(cfg: RunConfig, options: KubernetesOptions, job: str) -> dict[str, Any]:
+def _pod_spec(cfg: RunConfig, options: KubernetesOptions, job: str,
+              staged: bool) -> dict[str, Any]:
     sched = scheduling(cfg, options)
+    command = [*WRAPPER, *TRAIN_COMMAND]
+    if staged:
+        command += ["--staged", f"{CONFIG_DIR}/{STAGED_FILE}"]
     container = {
         "name": CONTAINER_NAME,
         "image": options.image or default_image(cfg.runtime.accelerator),
         "imagePullPolicy": options.image_pull_policy,
-        "command": [*WRAPPER, *TRAIN_COMMAND],
+        "command": command,
         "env": _env(cfg, options, job),
         "ports": [{"name": PORT_NAME, "containerPort": options.port, "protocol": "TCP"}],
         "resources": sched["resources"],
@@ -186,8 +193,15 @@ def _pod_spec(cfg: RunConfig, options: KubernetesOptions, job: str) -> dict[str,
     return pod_spec
 
 
-def render(cfg: RunConfig, options: KubernetesOptions | None = None) -> list[dict[str, Any]]:
-    """ConfigMap, Service and Indexed Job for ``cfg``, in apply order, as plain dicts."""
+def render(cfg: RunConfig, options: KubernetesOptions | None = None,
+           staged: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+    """ConfigMap, Service and Indexed Job for ``cfg``, in apply order, as plain dicts.
+
+    ``staged``: the staged dataset the DAG's ``stage_dataset`` handed over (its XCom);
+    it goes into the ConfigMap as ``staged.json`` and the pods train on it
+    (``--staged``: verified, not staged again), so it must lie where the pods see it at
+    the same path (the shared volume). Without it each pod stages the dataset itself.
+    """
     options = KubernetesOptions() if options is None else options
     if not isinstance(options, KubernetesOptions):
         raise ConfigError(f"options must be KubernetesOptions, got {type(options).__name__}")
@@ -200,7 +214,8 @@ def render(cfg: RunConfig, options: KubernetesOptions | None = None) -> list[dic
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": _metadata(cfg, job, namespace),
-        "data": {CONFIG_FILE: cfg.to_json()},
+        "data": {CONFIG_FILE: cfg.to_json(),
+                 **({STAGED_FILE: json.dumps(dict(staged), sort_keys=True)} if staged else {})},
     }
     service = {
         "apiVersion": "v1",
@@ -221,7 +236,7 @@ def render(cfg: RunConfig, options: KubernetesOptions | None = None) -> list[dic
         "parallelism": workers,
         "backoffLimit": options.backoff_limit,
         "template": {"metadata": {"labels": _labels(cfg, job)},
-                     "spec": _pod_spec(cfg, options, job)},
+                     "spec": _pod_spec(cfg, options, job, staged=bool(staged))},
     }
     if options.active_deadline_seconds is not None:
         job_spec["activeDeadlineSeconds"] = options.active_deadline_seconds
