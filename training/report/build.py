@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from training import files
 from training.errors import ReportError
 from training.layout import CONFIG, EVALUATION, HISTORY, REPORT_DIR, REPORT_INDEX, RUN
 from training.report.plots import (
@@ -49,7 +50,7 @@ def build_report(model_dir: str | os.PathLike[str]) -> Path:
                           "train (and evaluate) before building a report")
 
     final = model_dir / REPORT_DIR
-    partial = model_dir / f".{REPORT_DIR}.partial"
+    partial = files.pending_dir(final)  # written whole, then swapped in
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir()
     marks = None
@@ -62,10 +63,5 @@ def build_report(model_dir: str | os.PathLike[str]) -> Path:
         render_report(history=history, evaluation=evaluation, config=config, run=run,
                       marks=marks),
         encoding="utf-8")
-    old = model_dir / f".{REPORT_DIR}.old"
-    shutil.rmtree(old, ignore_errors=True)
-    if final.exists():
-        final.rename(old)
-    partial.rename(final)
-    shutil.rmtree(old, ignore_errors=True)
+    files.swap_dir(final)
     return final / REPORT_INDEX
