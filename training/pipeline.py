@@ -29,6 +29,7 @@ from training.evaluate import evaluate_model
 from training.layout import model_dir
 from training.locks import claim_run
 from training.registry import open_store
+from training.registry.loading import load_keras
 from training.registry.policy import PromotionPolicy, decide
 from training.registry.s3 import S3Options
 from training.registry.versions import ModelRegistry
@@ -50,20 +51,10 @@ def _test_split(staged: StagedDataset, seed: int) -> Any:
 
 
 def _load(path: str | Path) -> Any:
-    """The run's own model, loaded as every model is: ``safe_mode=True``."""
-    import keras
-
-    if not Path(path).is_file():  # Keras says ValueError("File not found ...")
+    """The run's own model, loaded as every model is (``registry.loading.load_keras``)."""
+    if not Path(path).is_file():
         raise RegistryError(f"the run has no trained model at {path}: train it first")
-    try:
-        return keras.saving.load_model(path, safe_mode=True)
-    except Exception as exc:
-        unsafe = "safe_mode" in str(exc)
-        raise RegistryError(
-            f"the run's model {path} " + ("was refused by Keras safe_mode (it carries code, "
-                                          "such as a Lambda layer)" if unsafe else
-                                          f"cannot be loaded ({type(exc).__name__})")
-            + f": {shown(exc)}") from exc
+    return load_keras(path, f"the run's model {path}")
 
 
 def _run_dir(cfg: RunConfig, run_dir: str | os.PathLike[str] | None) -> Path:
@@ -147,13 +138,16 @@ def read_evaluation(cfg: RunConfig, run_dir: str | os.PathLike[str] | None = Non
                             f"({shown(exc)}): evaluate it again") from None
 
 
-def published_evaluation(cfg: RunConfig, registry: ModelRegistry) -> dict[str, Any] | None:
-    """The evaluation published with this run's version, or None before publish."""
+def published_evaluation(cfg: RunConfig, registry: ModelRegistry,
+                         version: str | None = None) -> dict[str, Any] | None:
+    """The evaluation published with ``version`` (default: this run's), or None before
+    publish."""
+    version = version or cfg.run_id
     try:
-        registry.show(cfg.model_name, cfg.run_id)
+        registry.show(cfg.model_name, version)
     except RegistryError:
         return None
-    key = layout.version_key(cfg.model_name, cfg.run_id, layout.EVALUATION)
+    key = layout.version_key(cfg.model_name, version, layout.EVALUATION)
     return json.loads(registry.store.get_bytes(key))
 
 
@@ -181,29 +175,37 @@ def publish(cfg: RunConfig, registry: ModelRegistry, *, created: str,
     return summary
 
 
-def promote(cfg: RunConfig, registry: ModelRegistry, *, at: str) -> dict[str, Any]:
-    """Move the production pointer to this version when the decision says so.
+def promote(cfg: RunConfig, registry: ModelRegistry, *, at: str,
+            published: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Move the production pointer to the published version when the decision says so.
 
-    Returns ``{"promoted": bool, "reasons": [...], ...}``; the pointer only moves if
-    production is still the champion the decision was made against.
+    ``published`` is what ``publish`` returned (Airflow hands it over through XCom);
+    without it, this run's version. Returns ``{"promoted": bool, "reasons": [...],
+    ...}``; the pointer only moves if production is still the champion the decision was
+    made against.
     """
+    name, version = cfg.model_name, cfg.run_id
+    if published is not None:
+        if published.get("model_name") != name:
+            raise RegistryError(f"publish handed over model {published.get('model_name')!r}, "
+                                f"but this run's model is {name!r}")
+        version = published["version"]
     # The decision published with the version, not a local file that may have changed.
-    evaluation = published_evaluation(cfg, registry)
+    evaluation = published_evaluation(cfg, registry, version)
     if evaluation is None:
-        raise RegistryError(f"model {cfg.model_name!r} version {cfg.run_id!r} is not "
+        raise RegistryError(f"model {name!r} version {version!r} is not "
                             "published: publish it before promoting")
     decision = evaluation["decision"]
-    result = {"model_name": cfg.model_name, "version": cfg.run_id,
+    result = {"model_name": name, "version": version,
               "promoted": False, "forced": decision["forced"], "reasons": decision["reasons"]}
     if not decision["promote"]:
-        log.info("%s %s is not promoted: %s", cfg.model_name, cfg.run_id,
-                 "; ".join(decision["reasons"]))
+        log.info("%s %s is not promoted: %s", name, version, "; ".join(decision["reasons"]))
         return result
     champion = evaluation["champion"]
-    registry.promote(cfg.model_name, cfg.run_id, run_id=cfg.run_id, at=at,
+    registry.promote(name, version, run_id=cfg.run_id, at=at,
                      reason="; ".join(decision["reasons"]), forced=decision["forced"],
                      expected_current=champion["version"] if champion else None)
-    log.info("%s %s is now in production", cfg.model_name, cfg.run_id)
+    log.info("%s %s is now in production", name, version)
     return {**result, "promoted": True}
 
 

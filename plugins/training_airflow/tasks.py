@@ -153,7 +153,8 @@ class PromoteOperator(_ModelStep):
 
         from training import pipeline
 
-        result = pipeline.promote(cfg, registry, at=context["dag_run"].run_after.isoformat())
+        result = pipeline.promote(cfg, registry, at=context["dag_run"].run_after.isoformat(),
+                                  published=self.published)
         if not result["promoted"]:
             raise AirflowSkipException("not promoted: " + "; ".join(result["reasons"]))
         for asset in self.outlets:

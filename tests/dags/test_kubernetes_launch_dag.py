@@ -345,11 +345,9 @@ def test_success_applies_configmap_service_job_and_logs_every_worker(cluster, cf
     name = k8s.job_name(cfg.run_id)
     assert result == {"run_id": RUN_ID, "run_dir": f"/data/training/runs/{RUN_ID}",
                       "job": name, "namespace": NAMESPACE}
-    # stage_dataset's XCom travels in the ConfigMap; the pods train on it (--staged)
     expected = k8s.render(cfg, k8s.KubernetesOptions(namespace=NAMESPACE,
                                                      credentials_secret="training-s3"),
                           STAGED)
-    assert json.loads(expected[0]["data"]["staged.json"]) == STAGED
     assert cluster.created() == [("configmaps", NAMESPACE, expected[0]),
                                  ("services", NAMESPACE, expected[1]),
                                  ("jobs", NAMESPACE, expected[2])]
@@ -574,6 +572,10 @@ def test_shared_volume_claim_is_mounted_over_output_and_staging_dirs(cluster, cf
     assert {"name": "shared", "mountPath": "/data/training"} in mounts
     assert {"name": "config", "mountPath": "/etc/training", "readOnly": True} in mounts
     assert not any("no shared volume" in m for m in messages(logs))
+    # stage_dataset's XCom travels in the ConfigMap; the pods train on it (--staged)
+    config_map = cluster.objects[("configmaps", result["job"])]
+    assert json.loads(config_map["data"]["staged.json"]) == STAGED
+    assert pod["containers"][0]["command"][-2:] == ["--staged", "/etc/training/staged.json"]
 
     monkeypatch.setenv("TRAINING_K8S_SHARED_MOUNT", "/data")
     job = k8s.render(cfg, k8s.KubernetesOptions.from_env(os.environ))[2]

@@ -107,18 +107,20 @@ def test_job_service_and_config_map_fit_together(accelerator, workers):
 
 
 def test_the_staged_dataset_handed_over_goes_to_every_pod(api_client):
-    cfg = RunConfig.from_flat({"accelerator": "gpu", "workers": 2})
+    cfg = RunConfig.from_flat({"accelerator": "gpu", "workers": 2,
+                               "output_dir": "/data/runs", "staging_dir": "/data/datasets"})
     staged = {"name": "digits", "version": "1.0.0", "path": "/data/datasets/digits/1.0.0",
               "staging_dir": "/data/datasets", "fingerprint": "ab" * 32,
               "key": f"digits:1.0.0@{'ab' * 32}"}
-    config_map, _, job = k8s.render(cfg, k8s.KubernetesOptions(namespace="ml"), staged)
+    shared = k8s.KubernetesOptions(namespace="ml", shared_volume_claim="training-data")
+    config_map, _, job = k8s.render(cfg, shared, staged)
     assert json.loads(config_map["data"]["staged.json"]) == staged
     assert container(job)["command"][-4:] == [
         "--config", "/etc/training/config.json", "--staged", "/etc/training/staged.json"]
     for obj, kind in ((config_map, "V1ConfigMap"), (job, "V1Job")):
         assert api_client.sanitize_for_serialization(as_model(api_client, obj, kind)) == obj
-    # without one, each pod stages the dataset itself, as `python -m training train` does
-    plain_map, _, plain_job = k8s.render(cfg, k8s.KubernetesOptions(namespace="ml"))
+    # without a shared volume the pods cannot see it: each stages the dataset itself
+    plain_map, _, plain_job = k8s.render(cfg, k8s.KubernetesOptions(namespace="ml"), staged)
     assert "staged.json" not in plain_map["data"]
     assert "--staged" not in container(plain_job)["command"]
 

@@ -22,6 +22,29 @@ from training.layout import MODEL_FILE
 __all__ = ["ModelLoading"]
 
 
+def load_keras(path: str | os.PathLike[str], what: str) -> Any:
+    """``keras.saving.load_model(path, safe_mode=True)``: every model is loaded this way.
+
+    A missing file, a model that needs unsafe deserialization (a Lambda layer's
+    bytecode, for one) or a file Keras cannot read is a RegistryError naming ``what``.
+    """
+    if not Path(path).is_file():  # Keras says ValueError("File not found ...")
+        raise RegistryError(f"{what} does not exist ({path})")
+    import keras
+
+    try:
+        return keras.saving.load_model(path, safe_mode=True)
+    except ValueError as exc:
+        if "safe_mode" not in str(exc):
+            raise RegistryError(f"{what} cannot be loaded by Keras: {shown(exc)}") from exc
+        raise RegistryError(
+            f"{what} was refused by Keras safe_mode (it carries code, such as a Lambda "
+            f"layer, that loading would run): {shown(exc)}") from exc
+    except Exception as exc:  # a truncated or foreign file: Keras raises many kinds
+        raise RegistryError(f"{what} cannot be loaded by Keras: {type(exc).__name__}: "
+                            f"{shown(exc)}") from exc
+
+
 class ModelLoading:
     """``load_model`` and ``check_runs`` (a mixin of ``ModelRegistry``)."""
 
@@ -45,23 +68,7 @@ class ModelLoading:
             raise RegistryError(
                 f"model {name!r} version {version!r} has no file {filename!r} to load"
             )
-        import keras
-
-        try:
-            return keras.saving.load_model(path, safe_mode=True)
-        except ValueError as exc:
-            if "safe_mode" not in str(exc):
-                raise RegistryError(f"model {name!r} version {version!r} file {filename!r} "
-                                    f"cannot be loaded by Keras: {shown(exc)}") from exc
-            raise RegistryError(
-                f"model {name!r} version {version!r} file {filename!r} was refused by Keras "
-                f"safe_mode (it carries code, such as a Lambda layer, that loading would run): "
-                f"{shown(exc)}"
-            ) from exc
-        except Exception as exc:  # a truncated or foreign file: Keras raises many kinds
-            raise RegistryError(f"model {name!r} version {version!r} file {filename!r} "
-                                f"cannot be loaded by Keras: {type(exc).__name__}: "
-                                f"{shown(exc)}") from exc
+        return load_keras(path, f"model {name!r} version {version!r} file {filename!r}")
 
     def check_runs(self, name: str, version: str, examples: int = 2) -> dict[str, Any]:
         """Download and verify a version, load its model with ``safe_mode=True`` and run it

@@ -197,15 +197,17 @@ def render(cfg: RunConfig, options: KubernetesOptions | None = None,
            staged: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
     """ConfigMap, Service and Indexed Job for ``cfg``, in apply order, as plain dicts.
 
-    ``staged``: the staged dataset the DAG's ``stage_dataset`` handed over (its XCom);
-    it goes into the ConfigMap as ``staged.json`` and the pods train on it
-    (``--staged``: verified, not staged again), so it must lie where the pods see it at
-    the same path (the shared volume). Without it each pod stages the dataset itself.
+    ``staged``: the staged dataset the DAG's ``stage_dataset`` handed over (its XCom).
+    With a shared volume (``options.shared_volume_claim``, mounted over the staging
+    directory) it goes into the ConfigMap as ``staged.json`` and the pods train on it
+    (``--staged``: verified, not staged again). Without one the pods cannot see it, and
+    each stages the dataset itself, as ``python -m training train`` does.
     """
     options = KubernetesOptions() if options is None else options
     if not isinstance(options, KubernetesOptions):
         raise ConfigError(f"options must be KubernetesOptions, got {type(options).__name__}")
     _check_config(cfg, options)
+    staged = staged if options.shared_volume_claim else None
     job = job_name(cfg.run_id)
     namespace = options.namespace
     workers = cfg.runtime.workers
