@@ -14,12 +14,11 @@ import json
 import logging
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from training.config import SECTIONS, FieldSpec, RunConfig, flat_fields, json_schema
 from training.entry import run_command
-from training.errors import ConfigError, shown
+from training.errors import ConfigError
 from training.locks import claim_run
 from training.train import cluster
 
@@ -120,24 +119,12 @@ def load_config(args: argparse.Namespace) -> RunConfig:
     return base.with_overrides(values)
 
 
-def _read_staged(path: str):
-    """A staged dataset from a file: ``stage``'s output line, or the dict in it."""
-    from training.data.staging import StagedDataset
-
-    try:
-        data = json.loads(Path(path).read_text())
-        return StagedDataset.from_dict(data.get("staged", data))
-    except (OSError, ValueError, TypeError, AttributeError) as exc:
-        raise ConfigError(f"--staged {path} is not a staged dataset ({shown(exc)}): pass "
-                          "the JSON that `stage` printed") from None
-
-
 def _stage(cfg: RunConfig, staged_file: str | None):
     """The run's staged dataset: the one a previous step handed over, else staged now."""
     from training.data import staging  # heavy (tfds): after the config is valid
 
     if staged_file:
-        staged = _read_staged(staged_file)
+        staged = staging.StagedDataset.read(staged_file)
         version = cfg.dataset.version
         if staged.name != cfg.dataset.name or version not in (None, staged.version):
             asked = cfg.dataset.name + (f":{version}" if version else "")

@@ -1,7 +1,8 @@
 """The project's exceptions: one base class, one subclass per area.
 
 Every message names what was received and what is allowed, in the style of the
-Keras callbacks: ``epochs must be between 1 and 1000, got 0``.
+Keras callbacks: ``epochs must be between 1 and 1000, got 0``. One exception is not
+an error: ``Preempted``, the exit of a training stopped on a signal after its backup.
 """
 
 from typing import Any
@@ -53,3 +54,19 @@ class LaunchError(TrainingError, RuntimeError):
 
 class ReportError(TrainingError):
     """A report cannot be built from the given directory."""
+
+
+class Preempted(SystemExit):
+    """Training stopped on a signal after writing a backup.
+
+    A ``SystemExit`` so that ``python -m training train`` exits ``128 + signum`` (143
+    for SIGTERM) without every caller having to know about it; in-process callers can
+    catch it by name.
+    """
+
+    def __init__(self, signum: int, *, epoch: int, batch: int, backup_dir: str) -> None:
+        super().__init__(128 + signum)
+        self.signum = signum
+        self.epoch = epoch  # 1-based: the epoch a re-run starts with
+        self.batch = batch  # batches of it done before the stop (0: stopped between epochs)
+        self.backup_dir = backup_dir

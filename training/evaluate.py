@@ -1,7 +1,7 @@
 """Test-split metrics: loss, accuracy, per-class precision/recall/F1, confusion matrix.
 
 ``evaluate_model`` returns a plain dict; ``pipeline.evaluate`` writes it, with the
-champion/challenger decision (``promotion.py``), as ``evaluation.json`` next to the model.
+champion/challenger decision (``registry/policy.py``), as ``evaluation.json`` next to the model.
 """
 
 from __future__ import annotations

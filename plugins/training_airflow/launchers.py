@@ -42,7 +42,7 @@ from typing import Any
 from training.errors import LaunchError
 from training_airflow.params import aws_conn_id
 
-CONFIG_ERROR_EXIT = 2  # ``python -m training``: a configuration error (training.cli)
+CONFIG_ERROR_EXIT = 2  # ``python -m training``: a configuration error (training.entry)
 
 
 def run_child(operator: Any, command: list[str], env: dict[str, str],

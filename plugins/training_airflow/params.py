@@ -139,8 +139,10 @@ def aws_conn_id(env: Mapping[str, str] = os.environ) -> str:
 
 
 def run_id_for(airflow_run_id: str) -> str:
-    """A registry-safe version id derived from the Airflow run id (stable across retries)."""
-    cleaned = re.sub(r"[^A-Za-z0-9._-]+", "-", airflow_run_id).strip("-.") or "run"
+    """A version id that follows ``training.layout``'s name rule, derived from the Airflow
+    run id (stable across retries): other characters become '-', '..' becomes '.'."""
+    cleaned = re.sub(r"[^A-Za-z0-9._-]+", "-", airflow_run_id)
+    cleaned = re.sub(r"\.{2,}", ".", cleaned).strip("-.") or "run"
     if len(cleaned) > 128:  # keep two long ids apart: cut, then a hash of the original
         digest = hashlib.sha256(airflow_run_id.encode()).hexdigest()[:8]
         cleaned = f"{cleaned[:119]}-{digest}"

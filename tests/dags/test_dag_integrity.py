@@ -229,8 +229,9 @@ def test_the_policy_is_registered_with_airflow():
 
 def test_loading_the_plugins_folder_shadows_no_package():
     """Airflow imports every .py file under plugins/ as a top-level module; the glue
-    package is ignored there (plugins/.airflowignore), else its kubernetes.py would
-    replace the kubernetes client for every Airflow component."""
+    package is ignored there (plugins/.airflowignore): a module of it named like an
+    installed package (a kubernetes.py once) would replace that package for every
+    Airflow component, and its modules would be imported twice under other names."""
     code = ("from airflow import plugins_manager\n"
             "plugins_manager.ensure_plugins_loaded()\n"
             "import kubernetes\n"
@@ -242,3 +243,15 @@ def test_loading_the_plugins_folder_shadows_no_package():
     kubernetes_file, plugins = proc.stdout.strip().splitlines()[-2:]
     assert "site-packages" in kubernetes_file
     assert "models" in plugins.lower()
+
+
+@pytest.mark.parametrize("airflow_run_id", [
+    "manual__2026-12-01T00:00:00+00:00", "scheduled__2026-12-01T03:00:00+00:00",
+    "a..b", "..", "a/../b", "x" * 300, "asset_triggered__2026-12-01T00:00:00.123456+00:00"])
+def test_every_airflow_run_id_gives_a_valid_version_id(airflow_run_id):
+    from training.layout import validate_name
+    from training_airflow.params import run_id_for
+
+    version = run_id_for(airflow_run_id)
+    assert validate_name("version", version) == version
+    assert run_id_for(airflow_run_id) == version  # a retry gets the same one

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 import logging
 import re
-import struct
 
 import pytest
 from markupsafe import escape
+from support.png import png_size
 
 from training import pipeline, report
 from training.layout import model_dir
@@ -17,11 +17,6 @@ from training.registry.local import FileStore
 pytestmark = pytest.mark.slow
 
 AT = "2026-11-30T03:00:00+00:00"
-
-
-def _png(data: bytes) -> tuple[int, int]:
-    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR"
-    return struct.unpack(">II", data[16:24])
 
 
 def test_evaluate_builds_the_report_and_publish_carries_it(trained_run, staged_digits,
@@ -69,7 +64,7 @@ def test_evaluate_builds_the_report_and_publish_carries_it(trained_run, staged_d
     assert published == page
     for name in ("learning_curves.png", "confusion_matrix.png"):
         data = store.get_bytes(prefix + name)
-        width, height = _png(data)
+        width, height = png_size(data)
         assert width >= 300 and height >= 300 and len(data) > 5_000
         assert f'src="{name}"' in published
     files = {e["path"] for e in registry.show(cfg.model_name, cfg.run_id)["files"]}

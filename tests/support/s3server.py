@@ -1,7 +1,8 @@
 """A real S3 API over HTTP for tests: moto's standalone server in a child process.
 
-The server runs on a free 127.0.0.1 port, so a test can stop it (SIGSTOP), resume it
-(SIGCONT) or kill it. Dummy credentials go to the server process and the clients only.
+The server runs on a free 127.0.0.1 port, so a test can kill it and start it again
+(a cut link without stopping it: ``cutproxy.py``). Dummy credentials go to the server
+process and the clients only.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ def free_port() -> int:
 
 
 class MotoServer:
-    """moto.server in a child process that tests can pause, resume, kill and restart."""
+    """moto.server in a child process that tests can kill and restart."""
 
     def __init__(self, port: int | None = None):
         self.port = port or free_port()

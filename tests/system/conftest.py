@@ -1,6 +1,6 @@
 """Fixtures of the system tests: ``./dev airflow`` from a fresh copy, and a browser.
 
-See ``devstack.py`` for how the stack is started as a new user starts it.
+See ``support/devstack.py`` for how the stack is started as a new user starts it.
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from devstack import CHROMIUM, DevAirflow, save_logs
+from support.devstack import CHROMIUM, DevAirflow, save_logs
 from support.fresh import fresh_copy
 
 

@@ -21,7 +21,7 @@ import re
 from typing import Any
 
 import pytest
-from devstack import DAG_ID, USER, artifacts_dir
+from support.devstack import DAG_ID, USER, artifacts_dir
 
 from training.registry import open_store
 from training.registry.versions import ModelRegistry

@@ -21,7 +21,6 @@ import re
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -32,6 +31,8 @@ from typing import Any
 
 import pytest
 from markupsafe import escape
+from support.fresh import artifacts_dir
+from support.s3server import free_port
 
 from training.registry import open_store
 from training.registry.versions import ModelRegistry
@@ -60,18 +61,6 @@ VERSIONS = [
 PRODUCTION = "20250102-b"
 DECISION = "challenger accuracy 0.9512 beats the champion by 0.0378 >= 0.005"
 _FOREIGN_PREFIXES = ("AIRFLOW_", "AIRFLOW__", "TRAINING_", "AWS_", "_AIRFLOW")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def artifacts_dir() -> Path:
-    path = Path(os.environ.get("TEST_ARTIFACTS_DIR") or REPO / "artifacts")
-    path.mkdir(parents=True, exist_ok=True)
-    return path
 
 
 # --------------------------------------------------------------------------- the store

@@ -4,27 +4,20 @@ from __future__ import annotations
 
 import json
 import re
-import struct
 import sys
 from pathlib import Path
 
 import pytest
+from support.png import png_size as png_bytes_size
 
 from training import report
 from training.errors import TrainingError
 
-PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 INJECTION = '<script>alert("x")</script> & <img src=x onerror=alert(1)>'
 
 
 def png_size(path: Path) -> tuple[int, int]:
-    """Width and height from a PNG's IHDR chunk, after checking the signature."""
-    data = path.read_bytes()
-    assert data[:8] == PNG_SIGNATURE, f"{path} is not a PNG"
-    assert data[12:16] == b"IHDR"
-    width, height = struct.unpack(">II", data[16:24])
-    assert data.rstrip(b"\x00")[-8:-4] == b"IEND"
-    return width, height
+    return png_bytes_size(path.read_bytes(), str(path))
 
 
 def write_records(model_dir: Path, *, reason: str = "challenger accuracy 0.9000 >= minimum",

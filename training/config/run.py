@@ -27,6 +27,7 @@ from training.config.sections import (
     StorageConfig,
 )
 from training.errors import ConfigError, shown
+from training.layout import CONFIG
 
 
 def check_across(cfg: RunConfig) -> None:
@@ -164,7 +165,7 @@ class RunConfig:
 
     def write(self, directory: str | Path) -> Path:
         """Write the effective config as ``config.json`` into ``directory``."""
-        path = Path(directory) / "config.json"
+        path = Path(directory) / CONFIG
         path.write_text(self.to_json())
         return path
 

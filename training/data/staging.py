@@ -69,6 +69,19 @@ class StagedDataset:
         fields = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in fields})
 
+    @classmethod
+    def read(cls, path: str | os.PathLike[str]) -> StagedDataset:
+        """A staged dataset handed over in a file: ``stage``'s JSON line
+        (``{"staged": {...}}``) or the dict in it; ConfigError if it is not one."""
+        from training.errors import ConfigError
+
+        try:
+            data = json.loads(Path(path).read_text())
+            return cls.from_dict(data.get("staged", data))
+        except (OSError, ValueError, TypeError, AttributeError) as exc:
+            raise ConfigError(f"--staged {path} is not a staged dataset ({shown(exc)}): "
+                              "pass the JSON that `stage` printed") from None
+
 
 def _fingerprint(entries: list[dict[str, Any]]) -> str:
     return files_manifest.fingerprint(entries, ignore_names=_BOOKKEEPING)

@@ -45,7 +45,7 @@ from typing import Any, TextIO
 
 from training.config import RunConfig
 from training.entry import run_command
-from training.errors import ConfigError, LaunchError
+from training.errors import LaunchError
 from training.launch import processes
 from training.launch.worker import DIGEST_MARK, TRAINED_PREFIX
 from training.locks import claimed_env
@@ -104,13 +104,8 @@ def _stage_subprocess(config_path: Path, python: str, env: dict[str, str]) -> di
 
 
 def _check(cfg: RunConfig, workers: int) -> None:
-    if not 1 <= workers <= 64:
-        raise ConfigError(f"runtime.workers must be between 1 and 64, got {workers}")
-    if workers > 1 and cfg.runtime.strategy not in ("auto", "multi_worker"):
-        raise ConfigError(
-            f"runtime.strategy must be 'auto' or 'multi_worker' when runtime.workers is "
-            f"more than 1, got {cfg.runtime.strategy!r}"
-        )
+    """The config's own rules (``training.config``), for this number of workers."""
+    cfg.with_overrides({"workers": workers})
 
 
 def run(

@@ -47,7 +47,7 @@ def work(config: str, staged: str, report_dir: str | None) -> int:
         raise ConfigError("the worker entry needs TF_CONFIG; start it with "
                           "training.launch.local.run()")
     cfg = RunConfig.from_file(config)
-    dataset = StagedDataset.from_dict(json.loads(Path(staged).read_text()))
+    dataset = StagedDataset.read(staged)
     index = cluster.task_index(tf_config)
     report = WeightsReport(None if report_dir is None else report_path(report_dir, index),
                            index=index)

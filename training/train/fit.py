@@ -174,7 +174,7 @@ def already_trained(cfg: RunConfig) -> TrainResult | None:
     if fingerprint != cfg.fingerprint():
         raise ConfigError(
             f"run {cfg.run_id} was already trained with other settings (config fingerprint "
-            f"{fingerprint}, these give {cfg.fingerprint()}; see {out / 'config.json'}): "
+            f"{fingerprint}, these give {cfg.fingerprint()}; see {out / layout.CONFIG}): "
             "a finished run is never retrained; use a new run id")
     return result
 

@@ -5,12 +5,12 @@ Keras 3 has no ``save_before_preemption``; this is its replacement for one worke
 a flag (``stop_signal``) on the backup callback
 (``training.train.callbacks.backup.ResumableBackup``). The callback acts on it at the end
 of the batch running then (or of the first batch, when the signal came while ``fit`` was
-starting an epoch): it writes a backup marked ``mid_epoch`` and raises ``Preempted``, a
-``SystemExit`` with code 143 (128 + SIGTERM), so ``python -m training train`` exits 143
-as a process killed by SIGTERM would. A signal that arrives during validation or the
-epoch-end callbacks is acted on right after that epoch's ordinary backup. Acting inside
-the handler itself would interrupt arbitrary Python code, a half-written backup
-included.
+starting an epoch): it writes a backup marked ``mid_epoch`` and raises
+``training.errors.Preempted``, a ``SystemExit`` with code 143 (128 + SIGTERM), so
+``python -m training train`` exits 143 as a process killed by SIGTERM would. A signal
+that arrives during validation or the epoch-end callbacks is acted on right after that
+epoch's ordinary backup. Acting inside the handler itself would interrupt arbitrary
+Python code, a half-written backup included.
 
 The previous handler is restored when ``fit`` returns; a signal that came after the last
 epoch is then handed to it. A step stuck in TensorFlow (an all-reduce that never
@@ -37,22 +37,6 @@ log = logging.getLogger(__name__)
 
 EXIT_CODE = 128 + signal.SIGTERM
 SIGTERM_GRACE_S = 60.0  # after SIGTERM, the longest wait for the end of a batch
-
-
-class Preempted(SystemExit):
-    """Training stopped on a signal after writing a backup.
-
-    A ``SystemExit`` so that ``python -m training train`` exits ``128 + signum`` (143
-    for SIGTERM) without every caller having to know about it; in-process callers can
-    catch it by name.
-    """
-
-    def __init__(self, signum: int, *, epoch: int, batch: int, backup_dir: str) -> None:
-        super().__init__(128 + signum)
-        self.signum = signum
-        self.epoch = epoch  # 1-based: the epoch a re-run starts with
-        self.batch = batch  # batches of it done before the stop (0: stopped between epochs)
-        self.backup_dir = backup_dir
 
 
 class Stoppable(Protocol):

@@ -57,9 +57,8 @@ import keras
 import numpy as np
 
 from training import files
-from training.errors import ConfigError, shown
+from training.errors import ConfigError, Preempted, shown
 from training.train import compat, resume
-from training.train.preemption import Preempted
 from training.train.resume import BEST_WEIGHTS_FILE, METADATA_FILE, STATE_FILE, WEIGHTS_FILE
 
 log = logging.getLogger(__name__)
