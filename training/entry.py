@@ -20,6 +20,9 @@ from training.errors import ConfigError, TrainingError, shown
 log = logging.getLogger("training")
 
 
+CONFIG_ERROR_EXIT = 2  # a bad configuration: no retry can fix it
+
+
 def run_command(command: Callable[[], int]) -> int:
     """Run a command line's work: logging to stderr, and a project error as one
     ``error:`` line with exit status 2 (bad configuration) or 1 (anything else).
@@ -31,7 +34,7 @@ def run_command(command: Callable[[], int]) -> int:
         return command()
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return CONFIG_ERROR_EXIT
     except TrainingError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -29,7 +29,6 @@ logged in is sent to Airflow's login page; other clients get 401.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import mimetypes
 import threading
@@ -43,6 +42,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Resp
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from training.errors import IntegrityError, RegistryError, TrainingError
+from training.files import sha256_bytes
 from training.layout import MODELS_PREFIX, REPORT_DIR, REPORT_INDEX, version_key
 from training.report.render import render
 
@@ -274,7 +274,7 @@ def create_app() -> FastAPI:
             raise
         except Exception as exc:
             raise _store_failure(exc) from None
-        if hashlib.sha256(data).hexdigest() != entry.get("sha256"):
+        if sha256_bytes(data) != entry.get("sha256"):
             raise Refused(502, "Corrupt report file",
                           f"{rel!r} of model {name!r} version {version!r} does not match the "
                           "SHA-256 its manifest records")

@@ -39,10 +39,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from training.entry import CONFIG_ERROR_EXIT
 from training.errors import LaunchError
 from training_airflow.params import aws_conn_id
-
-CONFIG_ERROR_EXIT = 2  # ``python -m training``: a configuration error (training.entry)
 
 
 def run_child(operator: Any, command: list[str], env: dict[str, str],

@@ -13,13 +13,13 @@ registry's ``store``, ``check_model``, ``verify`` and ``check_runs``.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from datetime import datetime
 from typing import Any
 
 from training.data.manifest import dumps
 from training.errors import ConflictError, IntegrityError, RegistryError, shown
+from training.files import sha256_bytes
 from training.layout import pointer_key, validate_name
 
 __all__ = ["ProductionPointer", "check_run_id", "check_time"]
@@ -48,7 +48,7 @@ def check_run_id(run_id: Any) -> str:
 
 def _pointer_sum(pointer: dict[str, Any]) -> str:
     """SHA-256 of a pointer's canonical JSON (without its own ``sha256`` field)."""
-    return hashlib.sha256(dumps(pointer)).hexdigest()
+    return sha256_bytes(dumps(pointer))
 
 
 class ProductionPointer:

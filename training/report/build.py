@@ -50,6 +50,7 @@ def build_report(model_dir: str | os.PathLike[str]) -> Path:
                           "train (and evaluate) before building a report")
 
     final = model_dir / REPORT_DIR
+    files.finish_dir_swap(final, last_file=REPORT_INDEX)  # a build a crash cut short
     partial = files.pending_dir(final)  # written whole, then swapped in
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir()

@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
+from training.entry import CONFIG_ERROR_EXIT
 from training.errors import ConfigError, shown
 from training.launch.kubernetes.names import (
     DNS_LABEL_WORDS,
@@ -98,7 +99,8 @@ class KubernetesOptions:
     backoff_limit: int = 0  # pod failures before the Job fails; Airflow retries the task
     active_deadline_seconds: int | None = 86_400
     ttl_seconds_after_finished: int | None = None
-    fail_job_exit_codes: tuple[int, ...] = (2,)  # exit codes that fail at once (2: config)
+    # exit codes that fail the Job at once: a bad config (training.entry)
+    fail_job_exit_codes: tuple[int, ...] = (CONFIG_ERROR_EXIT,)
     shared_volume_claim: str | None = None  # ReadWriteMany PVC holding output/staging dirs
     shared_mount_path: str | None = None  # where it is mounted; None: their common parent
     poll_interval: float = 15.0  # seconds between two looks at the Job
