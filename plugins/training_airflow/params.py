@@ -51,6 +51,7 @@ from training.errors import ConfigError
 
 SECTION_TITLES = {
     "dataset": "Dataset",
+    "validation": "Data validation",
     "model": "Model",
     "fit": "Training",
     "runtime": "Hardware and distribution",

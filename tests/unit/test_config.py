@@ -125,3 +125,23 @@ def test_every_rule_reads_the_same_in_errors_help_and_tables():
     train_help = build_parser()._subparsers._group_actions[0].choices["train"].format_help()
     assert "Allowed: between 1 and 1000." in " ".join(train_help.split())
     assert "| between 1 and 1000 |" in markdown_table()
+
+
+def test_own_data_needs_its_location_and_image_shape():
+    with pytest.raises(ConfigError, match=r"dataset.uri \(data_uri\) must be set when "
+                                          r"dataset.source is 'images', got ''"):
+        RunConfig.from_flat({"data_source": "images", "image_shape": "28x28x1"})
+    with pytest.raises(ConfigError, match=r"dataset.image_shape \(image_shape\) must be set"):
+        RunConfig.from_flat({"data_source": "tfrecord", "data_uri": "s3://bucket/data"})
+    with pytest.raises(ConfigError, match="dataset.image_shape must be empty, or height x "
+                                          "width x channels like 28x28x1"):
+        RunConfig.from_flat({"image_shape": "28x28x2"})
+    with pytest.raises(ConfigError, match="must leave at least 20% for training, got 50 + 40"):
+        RunConfig.from_flat({"data_source": "images", "data_uri": "d", "image_shape": "8x8x1",
+                             "test_percent": 50, "validation_percent": 40})
+    cfg = RunConfig.from_flat({"data_source": "images", "data_uri": "s3://team/images",
+                               "image_shape": "28x28x1", "data_until": "2026-12-01"})
+    assert cfg.dataset.until == "2026-12-01"
+    # the checks the data passed do not change the model: same run id
+    assert cfg.with_overrides({"drift_threshold": 0.5}).run_id == cfg.run_id
+    assert cfg.with_overrides({"data_until": "2026-12-02"}).run_id != cfg.run_id

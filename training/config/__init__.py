@@ -1,8 +1,9 @@
-"""One typed run configuration: dataset, model, fitting, runtime, promotion, storage.
+"""One typed run configuration: dataset, validation, model, fitting, runtime, promotion,
+storage.
 
 - ``schema``: how a field is declared, validated and described (one renderer of the
   rules for errors, CLI help, README and the trigger form; JSON Schema);
-- ``sections``: the six sections and their fields;
+- ``sections``: the seven sections and their fields;
 - ``run``: ``RunConfig``, the cross-field rules and the run's identity.
 
 The same schema drives the command-line flags (``training/cli.py``), JSON config files
@@ -21,8 +22,9 @@ from training.config.sections import (
     PromotionConfig,
     RuntimeConfig,
     StorageConfig,
+    ValidationConfig,
 )
 
 __all__ = ["DEVICE_PATTERN", "SECTIONS", "DatasetConfig", "FieldSpec", "FitConfig",
            "ModelConfig", "PromotionConfig", "RunConfig", "RuntimeConfig", "StorageConfig",
-           "allowed", "flat_fields", "json_schema", "property_schema"]
+           "ValidationConfig", "allowed", "flat_fields", "json_schema", "property_schema"]

@@ -1,4 +1,4 @@
-"""``RunConfig``: the six sections together, the rules across fields, the run's identity.
+"""``RunConfig``: the seven sections together, the rules across fields, the run's identity.
 
 Built from a nested dict (a JSON file), flat keys (CLI flags, Airflow params) or
 overrides of another config; validated once, when built, and frozen. The run id and the
@@ -25,6 +25,7 @@ from training.config.sections import (
     PromotionConfig,
     RuntimeConfig,
     StorageConfig,
+    ValidationConfig,
 )
 from training.errors import ConfigError, shown
 from training.layout import CONFIG
@@ -34,6 +35,18 @@ def check_across(cfg: RunConfig) -> None:
     """The rules that span fields, checked whenever a config is built (so in the first
     task of an Airflow run, before anything is staged; the trigger form can only check
     each field alone). A launcher checks only what depends on its own settings."""
+    dataset = cfg.dataset
+    if dataset.source != "catalog":
+        for field_name, key in (("uri", "data_uri"), ("image_shape", "image_shape")):
+            if not getattr(dataset, field_name):
+                raise ConfigError(
+                    f"dataset.{field_name} ({key}) must be set when dataset.source is "
+                    f"{dataset.source!r}, got ''")
+        if dataset.test_percent + dataset.validation_percent > 80:
+            raise ConfigError(
+                f"dataset.test_percent + dataset.validation_percent must leave at least "
+                f"20% for training, got {dataset.test_percent} + "
+                f"{dataset.validation_percent}")
     runtime = cfg.runtime
     if runtime.workers > 1 and runtime.strategy not in ("auto", "multi_worker", "tpu"):
         raise ConfigError(
@@ -75,6 +88,7 @@ def json_schema(flat: bool = False) -> dict[str, Any]:
 @dataclass(frozen=True)
 class RunConfig:
     dataset: DatasetConfig = field(default_factory=DatasetConfig)
+    validation: ValidationConfig = field(default_factory=ValidationConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     fit: FitConfig = field(default_factory=FitConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
@@ -174,6 +188,7 @@ class RunConfig:
         data = self.to_dict()
         data["storage"] = {}  # where outputs go does not change the model
         data["promotion"] = {}  # nor does the promotion policy
+        data["validation"] = {}  # nor do the checks the data passed
         data["dataset"].pop("staging_dir")
         blob = json.dumps(data, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:12]
