@@ -136,7 +136,7 @@ def test_own_data_needs_its_location_and_image_shape():
     with pytest.raises(ConfigError, match="dataset.image_shape must be empty, or height x "
                                           "width x channels like 28x28x1"):
         RunConfig.from_flat({"image_shape": "28x28x2"})
-    with pytest.raises(ConfigError, match="must leave at least 20% for training, got 50 + 40"):
+    with pytest.raises(ConfigError, match=r"must leave at least 20% for training, got 50 \+ 40"):
         RunConfig.from_flat({"data_source": "images", "data_uri": "d", "image_shape": "8x8x1",
                              "test_percent": 50, "validation_percent": 40})
     cfg = RunConfig.from_flat({"data_source": "images", "data_uri": "s3://team/images",
