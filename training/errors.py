@@ -27,6 +27,10 @@ class DatasetError(TrainingError):
     """A dataset cannot be found, staged, verified or read."""
 
 
+class ValidationError(DatasetError):
+    """The staged data failed validation; the message lists every reason."""
+
+
 class StorageError(TrainingError):
     """The object store refused or failed an operation."""
 
