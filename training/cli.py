@@ -79,12 +79,15 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     commands = {
         "stage": "Prepare the dataset once into the staging directory (cached).",
+        "validate": "Stage (cached), then check the data before training: skip when "
+                    "production was trained on the same data and settings, fail with "
+                    "every reason when a check fails.",
         "train": "Stage (cached), verify and train; write the run directory.",
         "evaluate": "Evaluate the run's model and the production model on the test "
                     "split; decide; write evaluation.json.",
         "publish": "Publish the run's model as a version in the store; promote it if the "
                    "evaluation decided so.",
-        "run": "stage, train, evaluate, publish and promote in one process.",
+        "run": "stage, validate, train, evaluate, publish and promote in one process.",
     }
     for name, text in commands.items():
         cmd = sub.add_parser(name, help=text, description=text, allow_abbrev=False)
@@ -165,6 +168,17 @@ def execute(args: argparse.Namespace) -> int:
 def _run_steps(args: argparse.Namespace, cfg: RunConfig, staged: Any) -> int:
     from training import pipeline
 
+    data_stats = None
+    if args.command in ("validate", "run"):
+        from training.data import gate
+
+        checked = gate.validate_data(cfg, staged, pipeline.open_registry(cfg))
+        print(json.dumps({"validation": {k: v for k, v in checked.items()
+                                         if k != "data_stats"}}))
+        if checked["skip"] or args.command == "validate":
+            return 0
+        data_stats = checked["data_stats"]
+
     if args.command in ("train", "run"):
         if cfg.runtime.workers > 1 and not cluster.current():
             from training.launch import local  # N worker processes on this host
@@ -182,7 +196,7 @@ def _run_steps(args: argparse.Namespace, cfg: RunConfig, staged: Any) -> int:
         return 0
     registry = pipeline.open_registry(cfg)
     if args.command in ("evaluate", "run"):
-        evaluation = pipeline.evaluate(cfg, staged, registry)
+        evaluation = pipeline.evaluate(cfg, staged, registry, data_stats=data_stats)
         print(json.dumps({"evaluation": pipeline.artifact_paths(cfg)["evaluation"],
                           "test_accuracy": evaluation["challenger"]["accuracy"],
                           "decision": evaluation["decision"]}))

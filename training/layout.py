@@ -10,6 +10,7 @@ step after it::
       model.keras  saved_model/   the trained model (Keras file, serving signature)
       run.json                    when it started, the dataset, strategy and software
       history.json history.csv    epochs and metrics
+      data_stats.json             the staged data's statistics and verdict (``validate_data``)
       evaluation.json             champion vs challenger and the decision (``evaluate``)
       report/index.html           the report built from the four JSON files
       tensorboard/                event files
@@ -60,6 +61,7 @@ HISTORY_CSV = "history.csv"
 RUN = "run.json"
 HISTORY = "history.json"
 EVALUATION = "evaluation.json"
+DATA_STATS = "data_stats.json"
 REPORT_DIR = "report"
 REPORT_INDEX = "index.html"
 TENSORBOARD_DIR = "tensorboard"

@@ -64,7 +64,8 @@ def _run_dir(cfg: RunConfig, run_dir: str | os.PathLike[str] | None) -> Path:
 
 
 def evaluate(cfg: RunConfig, staged: StagedDataset, registry: ModelRegistry, *,
-             run_dir: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+             run_dir: str | os.PathLike[str] | None = None,
+             data_stats: dict[str, Any] | None = None) -> dict[str, Any]:
     """Evaluate the new model and the production model on the same test split; decide.
 
     Writes ``evaluation.json`` into the model directory (so it is published with the
@@ -72,6 +73,9 @@ def evaluate(cfg: RunConfig, staged: StagedDataset, registry: ModelRegistry, *,
     """
     run_dir = _run_dir(cfg, run_dir)
     with claim_run(run_dir, cfg.run_id):
+        if data_stats is not None:  # validate_data's, published with the version
+            (model_dir(run_dir) / layout.DATA_STATS).write_text(
+                json.dumps(data_stats, indent=2) + "\n")
         return _evaluate(cfg, staged, registry, run_dir)
 
 

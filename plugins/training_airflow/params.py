@@ -183,6 +183,25 @@ def config_for_run(params: Mapping[str, Any], airflow_run_id: str,
         raise AirflowFailException(f"invalid run configuration: {exc}") from exc
 
 
+def run_day(context: Mapping[str, Any]) -> str:
+    """The last day of data a run covers: the day before its data interval ends (a
+    nightly run at 03:00 covers yesterday), or the day it runs when it has no interval
+    (a manual or asset-triggered run). From the run, never the clock."""
+    from datetime import timedelta
+
+    end = context.get("data_interval_end") or context["dag_run"].run_after
+    return (end - timedelta(microseconds=1)).date().isoformat()
+
+
+def config_for(context: Mapping[str, Any]) -> RunConfig:
+    """``config_for_run`` for a task's context: a team's own data (``data_source``
+    images or tfrecord) without ``data_until`` gets the run's day (``run_day``)."""
+    params = dict(context["params"])
+    if params.get("data_source", "catalog") != "catalog" and not params.get("data_until"):
+        params["data_until"] = run_day(context)
+    return config_for_run(params, context["run_id"])
+
+
 def form_markdown() -> str:
     """The trigger form as a Markdown table, by section (pasted into the README)."""
     rows = ["| section | field (conf key) | type | default | allowed |", "|---|---|---|---|---|"]

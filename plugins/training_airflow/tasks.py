@@ -1,6 +1,8 @@
 """The DAG's steps: one operator each, one library call each.
 
 - ``StageOperator``: ``training.data.staging.stage``; XCom: the staged dataset.
+- ``ValidateOperator``: ``training.data.gate.validate_data``: skipped when nothing is
+  new, failed with every reason when the data fails a check; XCom: its statistics.
 - ``TrainOperator``: the run's launcher (``launchers.py``: a subprocess here, or a Job on
   Kubernetes) trains on the staged dataset it is handed; XCom: the run directory.
 - ``EvaluateOperator``, ``PublishOperator``, ``PromoteOperator``: ``training.pipeline``'s
@@ -26,7 +28,7 @@ from typing import Any
 from airflow.sdk import BaseOperator
 
 from training_airflow.links import VERSION_XCOM, ModelVersionLink
-from training_airflow.params import aws_conn_id, config_for_run
+from training_airflow.params import aws_conn_id, config_for
 
 
 class _ModelStep(BaseOperator):
@@ -38,7 +40,7 @@ class _ModelStep(BaseOperator):
         from training_airflow.quiet import stderr_without_noise
         from training_airflow.store import open_registry
 
-        cfg = config_for_run(context["params"], context["run_id"])
+        cfg = config_for(context)
         context["ti"].xcom_push(key=VERSION_XCOM,
                                 value={"model_name": cfg.model_name, "version": cfg.run_id})
         with stderr_without_noise():  # TensorFlow loads here on a CPU-only worker
@@ -57,10 +59,12 @@ class StageOperator(BaseOperator):
     def execute(self, context: Any) -> dict[str, Any]:
         from training.data import staging
         from training_airflow.quiet import stderr_without_noise
+        from training_airflow.store import s3_options
 
-        cfg = config_for_run(context["params"], context["run_id"])
+        cfg = config_for(context)
         with stderr_without_noise():  # tensorflow-datasets loads TensorFlow
-            staged = staging.stage(cfg.dataset).to_dict()
+            staged = staging.stage(cfg.dataset,
+                                   s3_options(cfg.dataset.uri, aws_conn_id())).to_dict()
         for asset in self.outlets:
             context["outlet_events"][asset].extra = staged
         return staged
@@ -80,7 +84,7 @@ class TrainOperator(BaseOperator):
         self.stop: Callable[[], None] | None = None  # set by launchers with their own kill
 
     def execute(self, context: Any) -> dict[str, Any]:
-        cfg = config_for_run(context["params"], context["run_id"])
+        cfg = config_for(context)
         from training_airflow.launchers import LAUNCHERS
 
         launch = LAUNCHERS[cfg.runtime.launcher]
@@ -98,22 +102,58 @@ class TrainOperator(BaseOperator):
                 os.killpg(self.child.pid, signal.SIGTERM)
 
 
+class ValidateOperator(BaseOperator):
+    """Checks the staged data before training (``training.data.gate``): skipped, with
+    the reason, when there is nothing new; failed at once (no retry can fix data) with
+    every reason when a check fails. XCom: the statistics and the verdict."""
+
+    template_fields = ("staged",)
+    ui_color = "#f3d9fa"
+
+    def __init__(self, *, staged: Any, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.staged = staged
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
+
+        from training.data import gate
+        from training.data.staging import StagedDataset
+        from training.errors import ValidationError
+        from training_airflow.quiet import stderr_without_noise
+        from training_airflow.store import open_registry
+
+        cfg = config_for(context)
+        try:
+            with stderr_without_noise():
+                checked = gate.validate_data(cfg, StagedDataset.from_dict(self.staged),
+                                             open_registry(cfg, aws_conn_id()))
+        except ValidationError as exc:
+            raise AirflowFailException(str(exc)) from exc
+        if checked["skip"]:
+            raise AirflowSkipException(checked["reason"])
+        return checked
+
+
 class EvaluateOperator(_ModelStep):
     """The new model against production on the same test split; the decision."""
 
-    template_fields = ("staged", "trained")
+    template_fields = ("staged", "trained", "validated")
     ui_color = "#d0ebff"
 
-    def __init__(self, *, staged: Any, trained: Any, **kwargs: Any) -> None:
+    def __init__(self, *, staged: Any, trained: Any, validated: Any = None,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.staged, self.trained = staged, trained
+        self.staged, self.trained, self.validated = staged, trained, validated
 
     def step(self, cfg: Any, registry: Any, context: Any) -> dict[str, Any]:
         from training import pipeline
         from training.data.staging import StagedDataset
 
-        evaluation = pipeline.evaluate(cfg, StagedDataset.from_dict(self.staged), registry,
-                                       run_dir=self.trained["run_dir"])
+        evaluation = pipeline.evaluate(
+            cfg, StagedDataset.from_dict(self.staged), registry,
+            run_dir=self.trained["run_dir"],
+            data_stats=(self.validated or {}).get("data_stats"))
         return {"version": evaluation["version"], "decision": evaluation["decision"],
                 "accuracy": evaluation["challenger"]["accuracy"],
                 "champion": evaluation["champion"], "run_dir": self.trained["run_dir"]}

@@ -193,6 +193,17 @@ class RunConfig:
         blob = json.dumps(data, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:12]
 
+    def recipe_fingerprint(self) -> str:
+        """What a model is trained from besides the data itself: ``fingerprint`` without
+        which partitions were asked for (``until``, ``window_days``: the staged data's
+        own fingerprint says what they held)."""
+        data = self.to_dict()
+        for section in ("storage", "promotion", "validation"):
+            data[section] = {}
+        for key in ("staging_dir", "until", "window_days"):
+            data["dataset"].pop(key)
+        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:12]
+
     @property
     def run_id(self) -> str:
         """The run's id: given, or derived from the config so a retry lands in place."""

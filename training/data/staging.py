@@ -134,11 +134,21 @@ def _record_fingerprint(cfg_name: str, version_dir: Path, fingerprint: str) -> N
         )
 
 
-def stage(cfg: DatasetConfig) -> StagedDataset:
-    """Prepare the dataset once into the staging directory; a cache hit prepares nothing."""
+def stage(cfg: DatasetConfig, store_options: Any = None) -> StagedDataset:
+    """Prepare the dataset once into the staging directory; a cache hit prepares nothing.
+
+    A team's own data (``cfg.source`` images or tfrecord, ``images.py``) is read from
+    ``cfg.uri`` with ``store_options`` (S3 credentials; None: boto3's chain)."""
     from training.locks import claim
 
-    builder = get_builder(cfg.name, cfg.version, cfg.staging_dir)
+    if cfg.source == "catalog":
+        builder = get_builder(cfg.name, cfg.version, cfg.staging_dir)
+    else:
+        from training.data import images
+        from training.registry import open_store
+
+        store = open_store(cfg.uri, store_options if cfg.uri.startswith("s3://") else None)
+        builder = images.SnapshotBuilder(cfg, store)
     version_dir = Path(builder.data_dir)
     manifest_path = version_dir / STAGING_MANIFEST
     lock = version_dir.with_name(version_dir.name + ".lock")
@@ -198,8 +208,17 @@ def _prepare(cfg: DatasetConfig, builder: Any, version_dir: Path) -> dict[str, A
 
     log.info("staging %s: preparing into %s", cfg.name, version_dir)
     tfds.disable_progress_bar()  # progress bars flood task logs (stderr)
+    extra: dict[str, Any] = {}
     try:
-        builder.download_and_prepare()
+        if cfg.source == "catalog":
+            builder.download_and_prepare()
+        else:
+            extra = builder.prepare()
+    except DatasetError:
+        import shutil
+
+        shutil.rmtree(version_dir, ignore_errors=True)
+        raise
     except Exception as exc:  # no network, a bad checksum, a full disk: tfds raises many
         import shutil
 
@@ -219,6 +238,7 @@ def _prepare(cfg: DatasetConfig, builder: Any, version_dir: Path) -> dict[str, A
         "version": str(builder.version),
         "fingerprint": _fingerprint(entries),
         "files": entries,
+        **extra,
     }
     _write_manifest(version_dir, manifest)
     log.info("staging %s: prepared %d files, fingerprint %s",

@@ -1,0 +1,98 @@
+"""Before training: is there anything new, and is the data fit to train on?
+
+``validate_data`` is the DAG's ``validate_data`` step (and the CLI's ``validate``),
+between staging and training. It skips the run when production was trained on the same
+snapshot with the same recipe, and otherwise checks the staged data
+(``training.data.validation``) against the run's rules and production's published
+statistics, failing the run with every reason before anything trains.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from training import layout
+from training.config import RunConfig
+from training.data import staging
+from training.data.input import load_builder, split_names
+from training.data.staging import StagedDataset
+from training.errors import TrainingError
+from training.registry.versions import ModelRegistry
+
+log = logging.getLogger(__name__)
+
+
+def validate_data(cfg: RunConfig, staged: StagedDataset,
+                  registry: ModelRegistry) -> dict[str, Any]:
+    """Check the staged data before any training; decide whether there is anything new.
+
+    Returns ``{"skip": True, "reason": ...}`` when production was trained on this very
+    snapshot with this very recipe (``RunConfig.recipe_fingerprint``: the config but for
+    where things go and which dates were asked for), unless ``validation.force_train``.
+    Otherwise computes the data's statistics, checks them (``training.data.validation``)
+    against the rules and production's published statistics, and returns them with the
+    verdict (``data_stats``: ``evaluate`` writes it as ``data_stats.json``, published
+    with the version and shown in its report); raises ``ValidationError`` with every
+    reason when a check fails.
+    """
+    from training.data import validation
+
+    name = cfg.model_name
+    champion = registry.production(name)
+    trained_on = published_json(registry, name, champion, layout.RUN).get("dataset", {})
+    if (trained_on.get("fingerprint") == staged.fingerprint
+            and _recipe(registry, name, champion) == cfg.recipe_fingerprint()
+            and not cfg.validation.force_train):
+        reason = (f"nothing new: production ({name} {champion}) was trained on this data "
+                  f"({staged.key}) with these settings; set force_train to train anyway")
+        log.info("%s", reason)
+        return {"skip": True, "reason": reason, "dataset": staged.key}
+    staging.verify(staged)
+    builder = load_builder(staged)
+    stats = validation.dataset_statistics(
+        builder, split_names(builder, cfg.dataset.validation_fraction))
+    manifest = staging.read_manifest(Path(staged.path) / layout.STAGING_MANIFEST)
+    rejected = ({"rejected": manifest["rejected"], "attempted": manifest["attempted"]}
+                if "rejected" in manifest else None)
+    rules = validation.ValidationRules(
+        min_examples_per_class=cfg.validation.min_examples_per_class,
+        max_corrupt_fraction=cfg.validation.max_corrupt_fraction,
+        drift_threshold=cfg.validation.drift_threshold,
+        expected_shape=(tuple(int(n) for n in cfg.dataset.image_shape.split("x"))
+                        if cfg.dataset.image_shape else None))
+    reference = published_json(registry, name, champion, layout.DATA_STATS)
+    verdict = validation.validate(stats, rules=rules, reference=reference.get("statistics"),
+                                  rejected=rejected)
+    for check in verdict["checks"]:
+        log.info("data check %s: %s (%s)", check["name"],
+                 "passed" if check["passed"] else "FAILED", check["detail"])
+    validation.require_valid(verdict)
+    return {"skip": False, "dataset": staged.key,
+            "data_stats": {"dataset": staged.key,
+                           "compared_with": champion if reference else None,
+                           "statistics": stats, "verdict": verdict}}
+
+
+def _recipe(registry: ModelRegistry, name: str, version: str | None) -> str | None:
+    """The recipe fingerprint of a published version's config (None if unreadable)."""
+    try:
+        return RunConfig.from_dict(
+            published_json(registry, name, version, layout.CONFIG)).recipe_fingerprint()
+    except (TrainingError, ValueError, TypeError):
+        return None
+
+
+def published_json(registry: ModelRegistry, name: str, version: str | None,
+                    filename: str) -> dict[str, Any]:
+    """A JSON file published with ``version`` (empty when there is none or no such file)."""
+    if version is None:
+        return {}
+    key = layout.version_key(name, version, filename)
+    if not registry.store.exists(key):
+        return {}
+    return json.loads(registry.store.get_bytes(key))
+
+

@@ -1,0 +1,278 @@
+"""A team's own labelled images (or TFRecords), staged by date partition.
+
+Layout under ``data_uri`` (a directory or ``s3://bucket/prefix``, read through the
+registry's stores: S3 credentials from the Airflow connection or boto3's chain)::
+
+    dt=2026-11-30/_SUCCESS               written last by whoever lands the partition
+    dt=2026-11-30/<label>/<image file>   data_source images (anything Pillow decodes)
+    dt=2026-11-30/<file>.tfrecord        data_source tfrecord: tf.train.Example with
+                                         'image' (encoded bytes) and 'label' (a name as
+                                         bytes, or an int64)
+
+**Which partitions**: every complete one (it has ``_SUCCESS``) dated up to ``until``
+(included; none: all), within the last ``window_days`` days when that is set; a
+partition without its marker is still being landed and is left out (logged).
+
+**The snapshot**: its id is the SHA-256 of the selected partitions' object keys and
+``_SUCCESS`` markers, the image shape and the split rule, so the same night staged again
+is the same snapshot (a cache hit) and a new partition makes a new one. The snapshot is
+a tensorflow-datasets dataset (``OwnImages``, a ``GeneratorBasedBuilder``) under
+``<staging_dir>/<name>/<snapshot id>/1.0.0/``: it goes through the same staging,
+manifest, verification and input pipeline as ``digits`` or mnist.
+
+**Each image** is decoded with Pillow, converted to the channels asked for (L, RGB,
+RGBA), resized to ``image_shape`` and put in a split by the SHA-256 of its bytes: the
+first ``test_percent`` of the hash range is test, the next ``validation_percent``
+validation, the rest train. An image never moves between splits from night to night,
+and two copies of one file land in the same split. A file that cannot be decoded is
+left out and listed with its reason (``rejected``, checked by ``validate_data``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import os
+import re
+import tempfile
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from datetime import date, timedelta
+from pathlib import Path
+from typing import Any
+
+from training.config import DatasetConfig
+from training.errors import DatasetError, StorageError, shown
+
+log = logging.getLogger(__name__)
+
+PARTITION = re.compile(r"^dt=(\d{4}-\d{2}-\d{2})$")
+MARKER = "_SUCCESS"
+SNAPSHOT_FORMAT = 1  # changes when what the snapshot id covers changes
+FETCH_THREADS = 16
+_MODES = {1: "L", 3: "RGB", 4: "RGBA"}
+
+
+def image_shape(text: str) -> tuple[int, int, int]:
+    """``"28x28x1"`` -> (28, 28, 1)."""
+    height, width, channels = (int(n) for n in text.split("x"))
+    return height, width, channels
+
+
+def split_of(data: bytes, test_percent: int, validation_percent: int) -> str:
+    """The split an image belongs to, from the SHA-256 of its bytes (stable forever)."""
+    bucket = int.from_bytes(hashlib.sha256(data).digest()[:8], "big") % 100
+    if bucket < test_percent:
+        return "test"
+    if bucket < test_percent + validation_percent:
+        return "validation"
+    return "train"
+
+
+def decode(data: bytes, shape: tuple[int, int, int]) -> Any:
+    """Encoded image bytes -> uint8 array of ``shape`` (Pillow; ValueError if unreadable)."""
+    import numpy as np
+    from PIL import Image, UnidentifiedImageError
+
+    height, width, channels = shape
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            image = image.convert(_MODES[channels])
+            if image.size != (width, height):
+                image = image.resize((width, height), Image.Resampling.BILINEAR)
+            array = np.asarray(image, dtype=np.uint8)
+    except UnidentifiedImageError:
+        raise ValueError("not a readable image: Pillow knows no such image format") from None
+    except (OSError, SyntaxError) as exc:
+        raise ValueError(f"not a readable image ({type(exc).__name__}: {shown(exc)})") from None
+    return array.reshape(height, width, channels)
+
+
+def select_partitions(keys: list[str], until: str | None, window_days: int
+                      ) -> tuple[dict[str, list[str]], list[str]]:
+    """Complete partitions in range -> their keys (marker included); and the incomplete
+    ones in range that were left out."""
+    last = date.fromisoformat(until) if until else None
+    first = last - timedelta(days=window_days - 1) if last and window_days else None
+    grouped: dict[str, list[str]] = {}
+    for key in keys:
+        head, _, rest = key.partition("/")
+        match = PARTITION.match(head)
+        if not match or not rest:
+            continue
+        day = date.fromisoformat(match.group(1))
+        if (last and day > last) or (first and day < first):
+            continue
+        grouped.setdefault(head, []).append(key)
+    complete = {p: sorted(k) for p, k in grouped.items() if f"{p}/{MARKER}" in k}
+    return dict(sorted(complete.items())), sorted(set(grouped) - set(complete))
+
+
+class Snapshot:
+    """The partitions a run stages, read from a store; its id and its examples."""
+
+    def __init__(self, cfg: DatasetConfig, store: Any) -> None:
+        self.cfg, self.store = cfg, store
+        self.shape = image_shape(cfg.image_shape)
+        try:
+            keys = store.list("")
+        except StorageError as exc:
+            raise DatasetError(f"cannot list dataset.uri {cfg.uri!r}: {shown(exc)}") from None
+        self.partitions, incomplete = select_partitions(keys, cfg.until, cfg.window_days)
+        for partition in incomplete:
+            log.info("staging %s: partition %s has no %s yet (still landing): left out",
+                     cfg.name, partition, MARKER)
+        if not self.partitions:
+            raise DatasetError(
+                f"dataset.uri {cfg.uri!r} has no complete dt=YYYY-MM-DD partition (with "
+                f"{MARKER}) up to {cfg.until or 'now'}"
+                + (f" in the last {cfg.window_days} days" if cfg.window_days else ""))
+        digest = hashlib.sha256(json.dumps({
+            "format": SNAPSHOT_FORMAT, "source": cfg.source, "shape": cfg.image_shape,
+            "split": [cfg.test_percent, cfg.validation_percent],
+            "partitions": {p: {"keys": k, "marker": self._get(f"{p}/{MARKER}").hex()}
+                           for p, k in self.partitions.items()},
+        }, sort_keys=True).encode())
+        self.id = f"{next(iter(self.partitions))[3:]}_{list(self.partitions)[-1][3:]}_" \
+                  f"{digest.hexdigest()[:12]}".replace("-", "")
+
+    def _get(self, key: str) -> bytes:
+        try:
+            return self.store.get_bytes(key)
+        except StorageError as exc:
+            raise DatasetError(f"cannot read {key} of dataset.uri {self.cfg.uri!r}: "
+                               f"{shown(exc)}") from None
+
+    def files(self) -> list[str]:
+        return [k for keys in self.partitions.values() for k in keys
+                if not k.endswith(f"/{MARKER}")]
+
+    def encoded(self, key: str) -> Iterator[tuple[str, str, bytes]]:
+        """(example key, label, encoded image) of one file of the partitions."""
+        data = self._get(key)
+        if self.cfg.source == "images":
+            parts = key.split("/")
+            if len(parts) != 3:
+                return  # not <partition>/<label>/<file>: nothing to learn from
+            yield key, parts[1], data
+            return
+        import tensorflow as tf
+
+        with tempfile.NamedTemporaryFile(suffix=".tfrecord") as tmp:
+            tmp.write(data)
+            tmp.flush()
+            records = tf.data.TFRecordDataset(tmp.name).as_numpy_iterator()
+            for index, record in enumerate(records):
+                example = tf.train.Example.FromString(record).features.feature
+                label = example["label"]
+                name = (label.bytes_list.value[0].decode() if label.bytes_list.value
+                        else str(label.int64_list.value[0]))
+                yield f"{key}#{index}", name, example["image"].bytes_list.value[0]
+
+
+def prepare_examples(snapshot: Snapshot, cache: Path) -> dict[str, Any]:
+    """Fetch and decode every file of the snapshot (threads), writing each image's array
+    to ``cache``; returns the examples by split, the labels, and what was rejected."""
+    import numpy as np
+
+    cfg = snapshot.cfg
+    cache.mkdir(parents=True, exist_ok=True)
+
+    def fetch(key: str) -> list[tuple[str, str, str, str | None]]:
+        out = []
+        try:
+            for example_key, label, data in snapshot.encoded(key):
+                name = hashlib.sha256(example_key.encode()).hexdigest()[:24] + ".npy"
+                try:
+                    np.save(cache / name, decode(data, snapshot.shape))
+                    split = split_of(data, cfg.test_percent, cfg.validation_percent)
+                    out.append((example_key, label, split, name))
+                except ValueError as exc:
+                    out.append((example_key, label, str(exc), None))
+        except Exception as exc:  # a TFRecord file that does not parse
+            out.append((key, "", f"cannot read the file ({type(exc).__name__}: "
+                                 f"{shown(exc)})", None))
+        return out
+
+    with ThreadPoolExecutor(FETCH_THREADS) as pool:
+        results = [r for batch in pool.map(fetch, snapshot.files()) for r in batch]
+    rejected = [{"path": k, "reason": why} for k, _, why, name in results if name is None]
+    kept = [(k, label, split, name) for k, label, split, name in results if name]
+    labels = sorted({label for _, label, _, _ in kept})
+    splits: dict[str, list[tuple[str, str, str]]] = {"train": [], "validation": [],
+                                                     "test": []}
+    for key, label, split, name in sorted(kept):
+        splits[split].append((key, label, name))
+    return {"splits": splits, "labels": labels, "rejected": rejected,
+            "attempted": len(results)}
+
+
+VERSION = "1.0.0"
+
+
+class SnapshotBuilder:
+    """Where this run's snapshot of the team's data is staged, and how it is prepared.
+
+    Staging (``staging.stage``) needs the directory before anything is fetched (a cache
+    hit fetches nothing); the tfds builder is made in ``prepare``, once the labels are
+    known."""
+
+    def __init__(self, cfg: DatasetConfig, store: Any) -> None:
+        self.snapshot = Snapshot(cfg, store)
+        self.version = VERSION
+        self.data_dir = os.path.join(cfg.staging_dir, cfg.name, self.snapshot.id, VERSION)
+
+    def prepare(self) -> dict[str, Any]:
+        """Fetch, decode and write the snapshot's tfds shards; what goes into the staging
+        manifest besides the files (partitions, labels, rejected files, split sizes)."""
+        snapshot = self.snapshot
+        with tempfile.TemporaryDirectory(prefix="own-images-") as tmp:
+            prepared = prepare_examples(snapshot, Path(tmp))
+            if not prepared["labels"]:
+                raise DatasetError(f"no readable example in the partitions of "
+                                   f"{snapshot.cfg.uri!r}: {len(prepared['rejected'])} "
+                                   "rejected")
+            builder = _tfds_builder(snapshot, prepared, Path(tmp))
+            builder.download_and_prepare()
+        if os.path.realpath(builder.data_dir) != os.path.realpath(self.data_dir):
+            raise DatasetError(f"tfds prepared {builder.data_dir}, expected {self.data_dir}")
+        return {"partitions": list(snapshot.partitions), "labels": prepared["labels"],
+                "rejected": prepared["rejected"], "attempted": prepared["attempted"],
+                "examples": {s: len(e) for s, e in prepared["splits"].items()}}
+
+
+def _tfds_builder(snapshot: Snapshot, prepared: dict[str, Any], cache: Path) -> Any:
+    import numpy as np
+    import tensorflow_datasets as tfds
+
+    cfg = snapshot.cfg
+    height, width, channels = snapshot.shape
+
+    class OwnImages(tfds.core.GeneratorBasedBuilder, skip_registration=True):
+        VERSION = tfds.core.Version(VERSION)
+        BUILDER_CONFIGS = [tfds.core.BuilderConfig(name=snapshot.id)]
+        name = cfg.name
+
+        def _info(self) -> Any:
+            return self.dataset_info_from_configs(
+                description=f"{cfg.source} under {cfg.uri}: "
+                            + ", ".join(snapshot.partitions),
+                features=tfds.features.FeaturesDict({
+                    "image": tfds.features.Image(shape=(height, width, channels)),
+                    "label": tfds.features.ClassLabel(names=prepared["labels"]),
+                }),
+                supervised_keys=("image", "label"),
+            )
+
+        def _split_generators(self, dl_manager: Any) -> Any:
+            del dl_manager
+            return {split: self._generate_examples(examples)
+                    for split, examples in prepared["splits"].items() if examples}
+
+        def _generate_examples(self, examples: list[tuple[str, str, str]]) -> Any:
+            for key, label, name in examples:
+                yield key, {"image": np.load(cache / name), "label": label}
+
+    return OwnImages(data_dir=os.fspath(cfg.staging_dir), config=snapshot.id)
