@@ -7,7 +7,9 @@ version and, if it wins, promotes it.
 
 `stage_dataset -> train -> evaluate -> publish -> promote`
 
-* **Scheduled** nightly (`TRAINING_SCHEDULE`, default `0 3 * * *`) with the defaults below.
+* **Scheduled** nightly (`TRAINING_SCHEDULE`, default `0 3 * * *`; empty for none) with the
+  defaults below, **or** when labelled data lands: every event of the `labelled_data` Asset
+  (`x-training://data/labelled`, from `land_labelled_data`) starts a run.
 * **Manual**: *Trigger DAG* opens a form with every setting; Airflow rejects invalid values
   before the run exists.
 * `promote` is **skipped** when the new model does not win; the reasons are in the
@@ -26,8 +28,9 @@ import os
 from datetime import timedelta
 
 import pendulum
-from airflow.sdk import DAG, Asset
+from airflow.sdk import DAG, AssetOrTimeSchedule, CronTriggerTimetable
 
+from training_airflow.assets import LABELLED_DATA, PRODUCTION_MODEL, STAGED_DATASET
 from training_airflow.params import dag_params
 from training_airflow.tasks import (
     EvaluateOperator,
@@ -37,9 +40,10 @@ from training_airflow.tasks import (
     TrainOperator,
 )
 
-SCHEDULE = os.environ.get("TRAINING_SCHEDULE", "0 3 * * *") or None
-STAGED_DATASET = Asset(name="training_staged_dataset", uri="x-training://datasets/staged")
-PRODUCTION_MODEL = Asset(name="training_production_model", uri="x-training://models/production")
+# On the cron OR on every landing of labelled data; on the landings only without a cron.
+CRON = os.environ.get("TRAINING_SCHEDULE", "0 3 * * *")
+SCHEDULE = (AssetOrTimeSchedule(timetable=CronTriggerTimetable(CRON, timezone="UTC"),
+                                assets=LABELLED_DATA) if CRON else LABELLED_DATA)
 
 with DAG(
     dag_id="keras_retrain",
