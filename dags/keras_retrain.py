@@ -5,7 +5,12 @@ Stages a dataset, trains a Keras model inside a `tf.distribute` strategy, evalua
 against the model in production on the same test split, publishes it as an immutable
 version and, if it wins, promotes it.
 
-`stage_dataset -> train -> evaluate -> publish -> promote`
+`stage_dataset -> validate_data -> train -> evaluate -> publish -> promote`
+
+* `validate_data` **skips** the run (train and everything after it) when production was
+  trained on the same data with the same settings (`force_train` trains anyway), and
+  **fails** it before any training, with every reason, when the data fails a check
+  (schema, examples per class, duplicates across splits, corrupt files, drift).
 
 * **Scheduled** nightly (`TRAINING_SCHEDULE`, default `0 3 * * *`; empty for none) with the
   defaults below, **or** when labelled data lands: every event of the `labelled_data` Asset
@@ -38,6 +43,7 @@ from training_airflow.tasks import (
     PublishOperator,
     StageOperator,
     TrainOperator,
+    ValidateOperator,
 )
 
 # On the cron OR on every landing of labelled data; on the landings only without a cron.
@@ -66,9 +72,12 @@ with DAG(
 
     staged = StageOperator(task_id="stage_dataset", outlets=[STAGED_DATASET],
                            execution_timeout=timedelta(hours=2)).output
+    validated = ValidateOperator(task_id="validate_data", staged=staged).output
     trained = TrainOperator(task_id="train", staged=staged,
                             execution_timeout=timedelta(hours=12)).output
-    evaluation = EvaluateOperator(task_id="evaluate", staged=staged, trained=trained).output
+    validated >> trained
+    evaluation = EvaluateOperator(task_id="evaluate", staged=staged, trained=trained,
+                                  validated=validated).output
     published = PublishOperator(task_id="publish", evaluation=evaluation).output
     PromoteOperator(task_id="promote", published=published, outlets=[PRODUCTION_MODEL],
                     execution_timeout=timedelta(minutes=10))

@@ -184,13 +184,14 @@ def config_for_run(params: Mapping[str, Any], airflow_run_id: str,
 
 
 def run_day(context: Mapping[str, Any]) -> str:
-    """The last day of data a run covers: the day before its data interval ends (a
-    nightly run at 03:00 covers yesterday), or the day it runs when it has no interval
-    (a manual or asset-triggered run). From the run, never the clock."""
+    """The last day of data a run covers: the last day that is over when its data
+    interval ends (a nightly run at 03:00 covers yesterday; a manual or asset-triggered
+    run, whose interval ends when it runs, the day before). From the run, never the
+    clock."""
     from datetime import timedelta
 
     end = context.get("data_interval_end") or context["dag_run"].run_after
-    return (end - timedelta(microseconds=1)).date().isoformat()
+    return (end.date() - timedelta(days=1)).isoformat()
 
 
 def config_for(context: Mapping[str, Any]) -> RunConfig:

@@ -198,8 +198,9 @@ def login_password(home: Path) -> str:
 
 def banner(base_url: str, home: Path, log_dir: Path) -> str:
     schedule = os.environ.get("TRAINING_SCHEDULE", "0 3 * * *")
-    when = (f"nightly schedule {schedule!r} once unpaused" if schedule
-            else "no schedule: runs start from the Trigger form")
+    when = (f"nightly schedule {schedule!r} or landed data, once unpaused" if schedule
+            else "no nightly schedule: runs start from the Trigger form or when "
+                 "land_labelled_data lands a partition")
     return "\n".join([
         "",
         f"Airflow is ready: {base_url}/",

@@ -1,7 +1,8 @@
 """``python -m training_airflow.summary``: what the latest run of the DAG did.
 
 Prints, from the Airflow metadata database, the latest ``keras_retrain`` run's state,
-the published version and its metrics, and the promotion decision with its reasons.
+the published version and its metrics, and the promotion decision with its reasons, or
+why it did not train (``validate_data`` found nothing new).
 The README's main command (``./dev demo``) ends with it.
 """
 
@@ -26,9 +27,10 @@ def latest_run_summary(dag_id: str = DAG_ID) -> dict:
         states = {ti.task_id: str(ti.state) for ti in
                   session.query(TaskInstance).filter(TaskInstance.dag_id == dag_id,
                                                      TaskInstance.run_id == run.run_id)}
-        xcoms = {x.task_id: x.value for x in session.query(XComModel).filter(
-            XComModel.dag_id == dag_id, XComModel.run_id == run.run_id,
-            XComModel.key == "return_value")}
+        rows = session.query(XComModel).filter(XComModel.dag_id == dag_id,
+                                               XComModel.run_id == run.run_id).all()
+        xcoms = {x.task_id: x.value for x in rows if x.key == "return_value"}
+        skipped = next((x.value for x in rows if x.key == "skipped_because"), None)
         published = xcoms.get("publish") or {}
         evaluation = xcoms.get("evaluate") or {}
         return {
@@ -42,6 +44,7 @@ def latest_run_summary(dag_id: str = DAG_ID) -> dict:
             "champion": evaluation.get("champion"),
             "promoted": states.get("promote") == "success",
             "decision": evaluation.get("decision"),
+            "skipped_because": skipped,
         }
 
 

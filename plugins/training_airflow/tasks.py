@@ -30,6 +30,8 @@ from airflow.sdk import BaseOperator
 from training_airflow.links import VERSION_XCOM, ModelVersionLink
 from training_airflow.params import aws_conn_id, config_for
 
+SKIP_XCOM = "skipped_because"  # validate_data: why the run did not train
+
 
 class _ModelStep(BaseOperator):
     """Config and registry for one DAG run's step; subclasses say what the step does."""
@@ -131,6 +133,7 @@ class ValidateOperator(BaseOperator):
         except ValidationError as exc:
             raise AirflowFailException(str(exc)) from exc
         if checked["skip"]:
+            context["ti"].xcom_push(key=SKIP_XCOM, value=checked["reason"])
             raise AirflowSkipException(checked["reason"])
         return checked
 

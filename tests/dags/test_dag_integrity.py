@@ -19,7 +19,8 @@ from training.config import RunConfig, flat_fields, json_schema
 
 HEAVY = ("tensorflow", "keras", "tensorflow_datasets", "boto3")
 EXPECTED_GRAPH = {
-    "stage_dataset": {"train", "evaluate"},
+    "stage_dataset": {"validate_data", "train", "evaluate"},
+    "validate_data": {"train", "evaluate"},
     "train": {"evaluate"},
     "evaluate": {"publish"},
     "publish": {"promote"},
@@ -56,7 +57,8 @@ def test_parsing_imports_no_heavy_module_in_a_fresh_interpreter():
                           env=os.environ, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert result == {"errors": [], "dags": ["keras_retrain"], "heavy": []}
+    assert (result["errors"], result["heavy"]) == ([], [])
+    assert sorted(result["dags"]) == ["keras_retrain", "land_labelled_data"]
 
 
 def test_every_dag_follows_the_house_rules(dagbag):
@@ -78,14 +80,14 @@ def test_task_graph(dag):
     assert [o.name for o in dag.get_task("stage_dataset").outlets] == ["training_staged_dataset"]
 
 
-def test_schedule_is_nightly_by_default(dag):
-    assert dag.timetable.expression == "0 3 * * *"
+def test_schedule_is_nightly_by_default_or_on_landed_data(dag):
+    assert dag.timetable.timetable.expression == "0 3 * * *"  # AssetOrTimeSchedule
 
 
 def test_schedule_is_overridable_from_the_environment():
     code = ("import os\nfrom airflow.dag_processing.dagbag import DagBag\n"
             "print(DagBag(os.environ['AIRFLOW__CORE__DAGS_FOLDER'])"
-            ".dags['keras_retrain'].timetable.expression)")
+            ".dags['keras_retrain'].timetable.timetable.expression)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           env={**os.environ, "TRAINING_SCHEDULE": "30 1 * * 1-5"}, timeout=300)
     assert proc.stdout.strip().splitlines()[-1] == "30 1 * * 1-5", proc.stderr[-2000:]
@@ -255,3 +257,22 @@ def test_every_airflow_run_id_gives_a_valid_version_id(airflow_run_id):
     version = run_id_for(airflow_run_id)
     assert validate_name("version", version) == version
     assert run_id_for(airflow_run_id) == version  # a retry gets the same one
+
+
+def test_own_data_runs_cover_the_days_that_are_over_when_the_run_starts():
+    import pendulum
+
+    from training_airflow.params import config_for, run_day
+
+    nightly = {"data_interval_end": pendulum.datetime(2026, 12, 1, 3, tz="UTC")}
+    assert run_day(nightly) == "2026-11-30"
+    manual = {"data_interval_end": None,
+              "dag_run": SimpleNamespace(run_after=pendulum.datetime(2026, 12, 1, 10, 2))}
+    assert run_day(manual) == "2026-11-30"
+    own = {"data_source": "images", "data_uri": "s3://team/images", "image_shape": "8x8x1"}
+    context = {**nightly, "params": own, "run_id": "scheduled__2026-12-01T03:00:00+00:00"}
+    assert config_for(context).dataset.until == "2026-11-30"
+    chosen = {**context, "params": {**own, "data_until": "2026-11-15"}}
+    assert config_for(chosen).dataset.until == "2026-11-15"  # the form's value wins
+    catalog = {**context, "params": {}}
+    assert config_for(catalog).dataset.until is None  # a catalog dataset has no days

@@ -78,8 +78,18 @@ def test_first_run_promotes_second_records_why_not_invalid_conf_never_runs(dag, 
     assert registry.production("e2e") == version
     registry.verify("e2e", version)
 
-    # A second run must beat the first by 50 points: it cannot, so promote is skipped.
-    second = dag.test(run_conf={**conf, "min_improvement": 0.5})
+    # The same data and settings again: nothing new, the run skips training and says why.
+    same = dag.test(run_conf=conf)
+    states, xcoms = _states_and_xcoms(same.run_id)
+    assert str(same.state) == "success"
+    assert states["validate_data"] == "skipped" and states["train"] == "skipped", states
+    assert {states[t] for t in ("evaluate", "publish", "promote")} == {"skipped"}, states
+    assert xcoms[("validate_data", "skipped_because")].startswith(
+        f"nothing new: production (e2e {version}) was trained on this data")
+
+    # Forced, a second run must beat the first by 50 points: it cannot, so promote is
+    # skipped.
+    second = dag.test(run_conf={**conf, "min_improvement": 0.5, "force_train": True})
     states, xcoms = _states_and_xcoms(second.run_id)
     assert str(second.state) == "success"
     assert states["promote"] == "skipped" and states["publish"] == "success", states

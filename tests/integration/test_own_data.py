@@ -163,3 +163,25 @@ def test_nothing_new_skips_new_data_is_checked_and_bad_data_is_refused(tmp_path)
     assert message.startswith("the staged data failed validation")
     assert "schema:" in message and "'dog'" in message  # production's class is missing
     assert "drift:" in message
+
+
+def test_landed_partitions_stage_exactly_what_was_landed(tmp_path):
+    """The lander's marker lists its files: leftovers are not data, and a partition
+    being replaced waits for its new marker."""
+    from training.data.demo import write_demo_partitions
+    from training.data.landing import land
+
+    incoming, uri = tmp_path / "incoming", os.fspath(tmp_path / "landed")
+    write_demo_partitions(incoming, start=DAYS[0], days=2, drift_day=0)
+    for day in DAYS[:2]:
+        land(incoming, uri, f"dt={day}")
+    store = open_store(uri)
+    store.put_bytes(f"dt={DAYS[0]}/0/leftover.png", png(1))  # not in the marker
+    cfg = own(uri, tmp_path, data_until=DAYS[1])
+    staged = manifest_of(staging.stage(cfg.dataset))
+    landed = sum(json.loads(store.get_bytes(f"dt={d}/_SUCCESS"))["files"] for d in DAYS[:2])
+    assert staged["attempted"] == landed and staged["rejected"] == []
+    assert staged["labels"] == [str(n) for n in range(10)]
+    store.put_bytes(f"dt={DAYS[1]}/_SUCCESS", json.dumps({"state": "replacing"}).encode())
+    replacing = manifest_of(staging.stage(cfg.dataset))
+    assert replacing["partitions"] == [f"dt={DAYS[0]}"]

@@ -16,7 +16,7 @@ partition without its marker is still being landed and is left out (logged).
 **The snapshot**: its id is the SHA-256 of the selected partitions' object keys and
 ``_SUCCESS`` markers, the image shape and the split rule, so the same night staged again
 is the same snapshot (a cache hit) and a new partition makes a new one. The snapshot is
-a tensorflow-datasets dataset (``OwnImages``, a ``GeneratorBasedBuilder``) under
+a tensorflow-datasets dataset (``images_tfds.py``) under
 ``<staging_dir>/<name>/<snapshot id>/1.0.0/``: it goes through the same staging,
 manifest, verification and input pipeline as ``digits`` or mnist.
 
@@ -34,7 +34,6 @@ import hashlib
 import io
 import json
 import logging
-import os
 import re
 import tempfile
 from collections.abc import Iterator
@@ -44,12 +43,13 @@ from pathlib import Path
 from typing import Any
 
 from training.config import DatasetConfig
+from training.data.landing import SUCCESS
 from training.errors import DatasetError, StorageError, shown
 
 log = logging.getLogger(__name__)
 
 PARTITION = re.compile(r"^dt=(\d{4}-\d{2}-\d{2})$")
-MARKER = "_SUCCESS"
+MARKER = SUCCESS  # landing.py writes it last; other tools' empty _SUCCESS works too
 SNAPSHOT_FORMAT = 1  # changes when what the snapshot id covers changes
 FETCH_THREADS = 16
 _MODES = {1: "L", 3: "RGB", 4: "RGBA"}
@@ -110,6 +110,22 @@ def select_partitions(keys: list[str], until: str | None, window_days: int
     return dict(sorted(complete.items())), sorted(set(grouped) - set(complete))
 
 
+def _landed_files(marker: bytes) -> list[str] | str | None:
+    """The files a ``landing.py`` marker lists, ``"replacing"`` while it replaces the
+    partition, or None for a marker of another tool (then every file of the partition)."""
+    try:
+        data = json.loads(marker)
+    except ValueError:
+        return None
+    if not isinstance(data, dict):
+        return None
+    if data.get("state") == "replacing":
+        return "replacing"
+    if data.get("state") == "complete" and isinstance(data.get("entries"), list):
+        return [entry["path"] for entry in data["entries"]]
+    return None
+
+
 class Snapshot:
     """The partitions a run stages, read from a store; its id and its examples."""
 
@@ -121,6 +137,15 @@ class Snapshot:
         except StorageError as exc:
             raise DatasetError(f"cannot list dataset.uri {cfg.uri!r}: {shown(exc)}") from None
         self.partitions, incomplete = select_partitions(keys, cfg.until, cfg.window_days)
+        self.markers = {p: self._get(f"{p}/{MARKER}") for p in self.partitions}
+        for partition, marker in list(self.markers.items()):
+            landed = _landed_files(marker)
+            if landed == "replacing":  # landing.py is replacing it: not whole right now
+                del self.partitions[partition], self.markers[partition]
+                incomplete.append(partition)
+            elif landed is not None:  # exactly what was landed, not leftovers
+                self.partitions[partition] = sorted(
+                    [f"{partition}/{path}" for path in landed] + [f"{partition}/{MARKER}"])
         for partition in incomplete:
             log.info("staging %s: partition %s has no %s yet (still landing): left out",
                      cfg.name, partition, MARKER)
@@ -132,7 +157,7 @@ class Snapshot:
         digest = hashlib.sha256(json.dumps({
             "format": SNAPSHOT_FORMAT, "source": cfg.source, "shape": cfg.image_shape,
             "split": [cfg.test_percent, cfg.validation_percent],
-            "partitions": {p: {"keys": k, "marker": self._get(f"{p}/{MARKER}").hex()}
+            "partitions": {p: {"keys": k, "marker": self.markers[p].hex()}
                            for p, k in self.partitions.items()},
         }, sort_keys=True).encode())
         self.id = f"{next(iter(self.partitions))[3:]}_{list(self.partitions)[-1][3:]}_" \
@@ -207,72 +232,3 @@ def prepare_examples(snapshot: Snapshot, cache: Path) -> dict[str, Any]:
         splits[split].append((key, label, name))
     return {"splits": splits, "labels": labels, "rejected": rejected,
             "attempted": len(results)}
-
-
-VERSION = "1.0.0"
-
-
-class SnapshotBuilder:
-    """Where this run's snapshot of the team's data is staged, and how it is prepared.
-
-    Staging (``staging.stage``) needs the directory before anything is fetched (a cache
-    hit fetches nothing); the tfds builder is made in ``prepare``, once the labels are
-    known."""
-
-    def __init__(self, cfg: DatasetConfig, store: Any) -> None:
-        self.snapshot = Snapshot(cfg, store)
-        self.version = VERSION
-        self.data_dir = os.path.join(cfg.staging_dir, cfg.name, self.snapshot.id, VERSION)
-
-    def prepare(self) -> dict[str, Any]:
-        """Fetch, decode and write the snapshot's tfds shards; what goes into the staging
-        manifest besides the files (partitions, labels, rejected files, split sizes)."""
-        snapshot = self.snapshot
-        with tempfile.TemporaryDirectory(prefix="own-images-") as tmp:
-            prepared = prepare_examples(snapshot, Path(tmp))
-            if not prepared["labels"]:
-                raise DatasetError(f"no readable example in the partitions of "
-                                   f"{snapshot.cfg.uri!r}: {len(prepared['rejected'])} "
-                                   "rejected")
-            builder = _tfds_builder(snapshot, prepared, Path(tmp))
-            builder.download_and_prepare()
-        if os.path.realpath(builder.data_dir) != os.path.realpath(self.data_dir):
-            raise DatasetError(f"tfds prepared {builder.data_dir}, expected {self.data_dir}")
-        return {"partitions": list(snapshot.partitions), "labels": prepared["labels"],
-                "rejected": prepared["rejected"], "attempted": prepared["attempted"],
-                "examples": {s: len(e) for s, e in prepared["splits"].items()}}
-
-
-def _tfds_builder(snapshot: Snapshot, prepared: dict[str, Any], cache: Path) -> Any:
-    import numpy as np
-    import tensorflow_datasets as tfds
-
-    cfg = snapshot.cfg
-    height, width, channels = snapshot.shape
-
-    class OwnImages(tfds.core.GeneratorBasedBuilder, skip_registration=True):
-        VERSION = tfds.core.Version(VERSION)
-        BUILDER_CONFIGS = [tfds.core.BuilderConfig(name=snapshot.id)]
-        name = cfg.name
-
-        def _info(self) -> Any:
-            return self.dataset_info_from_configs(
-                description=f"{cfg.source} under {cfg.uri}: "
-                            + ", ".join(snapshot.partitions),
-                features=tfds.features.FeaturesDict({
-                    "image": tfds.features.Image(shape=(height, width, channels)),
-                    "label": tfds.features.ClassLabel(names=prepared["labels"]),
-                }),
-                supervised_keys=("image", "label"),
-            )
-
-        def _split_generators(self, dl_manager: Any) -> Any:
-            del dl_manager
-            return {split: self._generate_examples(examples)
-                    for split, examples in prepared["splits"].items() if examples}
-
-        def _generate_examples(self, examples: list[tuple[str, str, str]]) -> Any:
-            for key, label, name in examples:
-                yield key, {"image": np.load(cache / name), "label": label}
-
-    return OwnImages(data_dir=os.fspath(cfg.staging_dir), config=snapshot.id)

@@ -144,11 +144,11 @@ def stage(cfg: DatasetConfig, store_options: Any = None) -> StagedDataset:
     if cfg.source == "catalog":
         builder = get_builder(cfg.name, cfg.version, cfg.staging_dir)
     else:
-        from training.data import images
+        from training.data import images_tfds
         from training.registry import open_store
 
         store = open_store(cfg.uri, store_options if cfg.uri.startswith("s3://") else None)
-        builder = images.SnapshotBuilder(cfg, store)
+        builder = images_tfds.SnapshotBuilder(cfg, store)
     version_dir = Path(builder.data_dir)
     manifest_path = version_dir / STAGING_MANIFEST
     lock = version_dir.with_name(version_dir.name + ".lock")
