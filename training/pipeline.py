@@ -73,14 +73,11 @@ def evaluate(cfg: RunConfig, staged: StagedDataset, registry: ModelRegistry, *,
     """
     run_dir = _run_dir(cfg, run_dir)
     with claim_run(run_dir, cfg.run_id):
-        if data_stats is not None:  # validate_data's, published with the version
-            (model_dir(run_dir) / layout.DATA_STATS).write_text(
-                json.dumps(data_stats, indent=2) + "\n")
-        return _evaluate(cfg, staged, registry, run_dir)
+        return _evaluate(cfg, staged, registry, run_dir, data_stats)
 
 
 def _evaluate(cfg: RunConfig, staged: StagedDataset, registry: ModelRegistry,
-              run_dir: Path) -> dict[str, Any]:
+              run_dir: Path, data_stats: dict[str, Any] | None) -> dict[str, Any]:
     out = model_dir(run_dir)
     name = cfg.model_name
     published = published_evaluation(cfg, registry)
@@ -89,6 +86,8 @@ def _evaluate(cfg: RunConfig, staged: StagedDataset, registry: ModelRegistry,
         log.info("%s %s is already published; its evaluation stands", name, cfg.run_id)
         (out / layout.EVALUATION).write_text(json.dumps(published, indent=2) + "\n")
         return published
+    if data_stats is not None:  # validate_data's, published with the version
+        (out / layout.DATA_STATS).write_text(json.dumps(data_stats, indent=2) + "\n")
     staging.verify(staged)
     test = _test_split(staged, cfg.fit.seed)
     challenger = evaluate_model(_load(out / layout.MODEL_FILE), test)

@@ -185,3 +185,35 @@ def test_landed_partitions_stage_exactly_what_was_landed(tmp_path):
     store.put_bytes(f"dt={DAYS[1]}/_SUCCESS", json.dumps({"state": "replacing"}).encode())
     replacing = manifest_of(staging.stage(cfg.dataset))
     assert replacing["partitions"] == [f"dt={DAYS[0]}"]
+
+
+def test_tfrecord_partitions_stage_like_image_files(tmp_path):
+    """data_source tfrecord: tf.train.Example with encoded 'image' bytes and a 'label'
+    (a name, or an int64), one or more files per partition."""
+    import tensorflow as tf
+
+    uri = os.fspath(tmp_path / "records")
+    store = open_store(uri)
+
+    def example(image: bytes, label) -> bytes:
+        feature = {"image": tf.train.Feature(bytes_list=tf.train.BytesList(value=[image]))}
+        feature["label"] = (tf.train.Feature(int64_list=tf.train.Int64List(value=[label]))
+                            if isinstance(label, int) else
+                            tf.train.Feature(bytes_list=tf.train.BytesList(value=[label])))
+        return tf.train.Example(features=tf.train.Features(feature=feature)
+                                ).SerializeToString()
+
+    local = tmp_path / "shard.tfrecord"
+    with tf.io.TFRecordWriter(os.fspath(local)) as writer:
+        for i in range(20):
+            writer.write(example(png(i), b"cat" if i % 2 else b"dog"))
+        writer.write(example(b"not an image", b"cat"))
+    store.put_bytes(f"dt={DAYS[0]}/part-0.tfrecord", local.read_bytes())
+    store.put_bytes(f"dt={DAYS[0]}/_SUCCESS", b"")  # another tool's empty marker
+    cfg = own(uri, tmp_path, data_source="tfrecord")
+    staged = staging.stage(cfg.dataset)
+    meta = manifest_of(staged)
+    assert meta["labels"] == ["cat", "dog"] and meta["attempted"] == 21
+    assert [r["path"] for r in meta["rejected"]] == [f"dt={DAYS[0]}/part-0.tfrecord#20"]
+    assert sum(meta["examples"].values()) == 20
+    staging.verify(staged)

@@ -29,9 +29,10 @@ def validate_data(cfg: RunConfig, staged: StagedDataset,
                   registry: ModelRegistry) -> dict[str, Any]:
     """Check the staged data before any training; decide whether there is anything new.
 
-    Returns ``{"skip": True, "reason": ...}`` when production was trained on this very
-    snapshot with this very recipe (``RunConfig.recipe_fingerprint``: the config but for
-    where things go and which dates were asked for), unless ``validation.force_train``.
+    Returns ``{"skip": True, "reason": ...}`` when production (another run's version)
+    was trained on this very snapshot with this very recipe
+    (``RunConfig.recipe_fingerprint``: the config but for where things go and which
+    dates were asked for), unless ``validation.force_train``.
     Otherwise computes the data's statistics, checks them (``training.data.validation``)
     against the rules and production's published statistics, and returns them with the
     verdict (``data_stats``: ``evaluate`` writes it as ``data_stats.json``, published
@@ -43,7 +44,8 @@ def validate_data(cfg: RunConfig, staged: StagedDataset,
     name = cfg.model_name
     champion = registry.production(name)
     trained_on = published_json(registry, name, champion, layout.RUN).get("dataset", {})
-    if (trained_on.get("fingerprint") == staged.fingerprint
+    if (champion != cfg.run_id  # a re-run of this very run completes it instead
+            and trained_on.get("fingerprint") == staged.fingerprint
             and _recipe(registry, name, champion) == cfg.recipe_fingerprint()
             and not cfg.validation.force_train):
         reason = (f"nothing new: production ({name} {champion}) was trained on this data "
