@@ -11,7 +11,7 @@
 
 Every step takes what the step before produced from its XCom (template fields holding
 ``XComArg``s, which also wire the dependencies) and builds the run's validated config
-from the params (``params.config_for_run``); it never re-derives a path from its own
+from the params (``params.config_for``); it never re-derives a path from its own
 worker's environment. The model steps carry the "Model version" extra link
 (``links.py``).
 """

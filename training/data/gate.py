@@ -36,8 +36,7 @@ def validate_data(cfg: RunConfig, staged: StagedDataset,
     Otherwise computes the data's statistics, checks them (``training.data.validation``)
     against the rules and production's published statistics, and returns them with the
     verdict (``data_stats``: ``evaluate`` writes it as ``data_stats.json``, published
-    with the version and shown in its report); raises ``ValidationError`` with every
-    reason when a check fails.
+    with the version); raises ``ValidationError`` with every reason when a check fails.
     """
     from training.data import validation
 
