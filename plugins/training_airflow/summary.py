@@ -19,6 +19,8 @@ def latest_run_summary(dag_id: str = DAG_ID) -> dict:
     from airflow.models.xcom import XComModel
     from airflow.utils.session import create_session
 
+    from training_airflow.tasks import SKIP_XCOM
+
     with create_session() as session:
         run = (session.query(DagRun).filter(DagRun.dag_id == dag_id)
                .order_by(DagRun.run_after.desc()).first())
@@ -30,7 +32,7 @@ def latest_run_summary(dag_id: str = DAG_ID) -> dict:
         rows = session.query(XComModel).filter(XComModel.dag_id == dag_id,
                                                XComModel.run_id == run.run_id).all()
         xcoms = {x.task_id: x.value for x in rows if x.key == "return_value"}
-        skipped = next((x.value for x in rows if x.key == "skipped_because"), None)
+        skipped = next((x.value for x in rows if x.key == SKIP_XCOM), None)
         published = xcoms.get("publish") or {}
         evaluation = xcoms.get("evaluate") or {}
         return {

@@ -58,7 +58,7 @@ def manifest_of(staged) -> dict:
 
 def test_partitions_are_chosen_by_the_runs_day_and_window():
     keys = [f"dt={d}/{f}" for d in DAYS for f in ("a/1.png", "_SUCCESS")] + [
-        "dt=2026-12-01/a/1.png", "notes.txt", "dt=bad/a/1.png"]
+        "dt=2026-12-01/a/1.png", "notes.txt", "dt=bad/a/1.png", "dt=2026-13-45/a/1.png"]
     chosen, incomplete = select_partitions(keys, "2026-11-29", 0)
     assert list(chosen) == ["dt=2026-11-28", "dt=2026-11-29"] and incomplete == []
     chosen, _ = select_partitions(keys, "2026-11-30", 2)
@@ -132,6 +132,9 @@ def test_nothing_new_skips_new_data_is_checked_and_bad_data_is_refused(tmp_path)
     registry = ModelRegistry(open_store(os.fspath(tmp_path / "store")), check_model=False)
     cfg = own(uri, tmp_path, data_until=DAYS[0])
     staged = staging.stage(cfg.dataset)
+    # staging keeps the snapshot's statistics, so validate_data needs no TensorFlow
+    kept = manifest_of(staged)["statistics"][staging.statistics_key(0.1)]
+    assert sum(s["num_examples"] for s in kept["splits"].values()) == 30
     # the first model: no production to compare with; every check passes
     checked = gate.validate_data(cfg, staged, registry)
     assert checked["skip"] is False and checked["data_stats"]["verdict"]["passed"]

@@ -26,7 +26,7 @@ from support.fresh import REPO, fresh_copy, new_user_env
 pytestmark = pytest.mark.slow
 
 DEMO = "./dev demo"
-DEMO_WITH_CONF = """./dev demo '{"model": "cnn", "epochs": 12}'"""
+DEMO_WITH_CONF = """./dev demo '{"model": "cnn", "epochs": 3}'"""
 CLI_HELP = "./dev cli run --help"
 DAG_CHECKS = './dev test tests/dags -m "not slow"'
 TENSORBOARD = ".venv/bin/tensorboard --logdir var/store/models/digits-mlp/versions --port 6006"
@@ -93,7 +93,7 @@ def test_demo_with_a_conf_trains_what_it_says(clone: Path):
     assert done["model_name"] == "digits-cnn", done
     config = json.loads((clone / "var" / "store" / "models" / "digits-cnn" / "versions"
                          / done["published_version"] / "config.json").read_text())
-    assert (config["model"]["name"], config["fit"]["epochs"]) == ("cnn", 12)
+    assert (config["model"]["name"], config["fit"]["epochs"]) == ("cnn", 3)
 
 
 def test_cli_help_lists_the_config_flags(clone: Path):

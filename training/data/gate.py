@@ -52,10 +52,13 @@ def validate_data(cfg: RunConfig, staged: StagedDataset,
         log.info("%s", reason)
         return {"skip": True, "reason": reason, "dataset": staged.key}
     staging.verify(staged)
-    builder = load_builder(staged)
-    stats = validation.dataset_statistics(
-        builder, split_names(builder, cfg.dataset.validation_fraction))
     manifest = staging.read_manifest(Path(staged.path) / layout.STAGING_MANIFEST)
+    stats = manifest.get("statistics", {}).get(
+        staging.statistics_key(cfg.dataset.validation_fraction))
+    if stats is None:  # staged before statistics were kept: computed here (TensorFlow)
+        builder = load_builder(staged)
+        stats = validation.dataset_statistics(
+            builder, split_names(builder, cfg.dataset.validation_fraction))
     rejected = ({"rejected": manifest["rejected"], "attempted": manifest["attempted"]}
                 if "rejected" in manifest else None)
     rules = validation.ValidationRules(

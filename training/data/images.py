@@ -102,7 +102,10 @@ def select_partitions(keys: list[str], until: str | None, window_days: int
         match = PARTITION.match(head)
         if not match or not rest:
             continue
-        day = date.fromisoformat(match.group(1))
+        try:
+            day = date.fromisoformat(match.group(1))
+        except ValueError:  # dt=2026-13-45: not a date, not a partition
+            continue
         if (last and day > last) or (first and day < first):
             continue
         grouped.setdefault(head, []).append(key)
@@ -152,7 +155,7 @@ class Snapshot:
         if not self.partitions:
             raise DatasetError(
                 f"dataset.uri {cfg.uri!r} has no complete dt=YYYY-MM-DD partition (with "
-                f"{MARKER}) up to {cfg.until or 'now'}"
+                f"{MARKER})" + (f" up to {cfg.until}" if cfg.until else "")
                 + (f" in the last {cfg.window_days} days" if cfg.window_days else ""))
         digest = hashlib.sha256(json.dumps({
             "format": SNAPSHOT_FORMAT, "source": cfg.source, "shape": cfg.image_shape,
@@ -171,8 +174,10 @@ class Snapshot:
                                f"{shown(exc)}") from None
 
     def files(self) -> list[str]:
+        """The data files: not the markers or other bookkeeping (names starting with '_'
+        or '.', as _SUCCESS, _LANDING, .crc files)."""
         return [k for keys in self.partitions.values() for k in keys
-                if not k.endswith(f"/{MARKER}")]
+                if not k.rsplit("/", 1)[-1].startswith(("_", "."))]
 
     def encoded(self, key: str) -> Iterator[tuple[str, str, bytes]]:
         """(example key, label, encoded image) of one file of the partitions."""

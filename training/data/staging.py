@@ -162,6 +162,7 @@ def stage(cfg: DatasetConfig, store_options: Any = None) -> StagedDataset:
         else:
             manifest = _prepare(cfg, builder, version_dir)
         _record_fingerprint(cfg.name, version_dir, manifest["fingerprint"])
+        _record_statistics(cfg, version_dir, manifest)
     return StagedDataset(
         name=cfg.name,
         version=manifest["version"],
@@ -169,6 +170,31 @@ def stage(cfg: DatasetConfig, store_options: Any = None) -> StagedDataset:
         staging_dir=os.fspath(cfg.staging_dir),
         fingerprint=manifest["fingerprint"],
     )
+
+
+def statistics_key(validation_fraction: float) -> str:
+    """Statistics depend on how the splits are read (``input.split_names``)."""
+    return f"validation_fraction={validation_fraction:g}"
+
+
+def _record_statistics(cfg: DatasetConfig, version_dir: Path,
+                       manifest: dict[str, Any]) -> None:
+    """The snapshot's statistics (``statistics.py``), computed once, here, where tfds is
+    loaded anyway, and kept in the manifest: ``validate_data`` then reads them without
+    loading TensorFlow."""
+    key = statistics_key(cfg.validation_fraction)
+    if key in manifest.get("statistics", {}):
+        return
+    from training.data.input import load_builder, split_names
+    from training.data.statistics import dataset_statistics
+
+    staged = StagedDataset(name=cfg.name, version=manifest["version"],
+                           path=os.fspath(version_dir), staging_dir=os.fspath(cfg.staging_dir),
+                           fingerprint=manifest["fingerprint"])
+    builder = load_builder(staged)
+    stats = dataset_statistics(builder, split_names(builder, cfg.validation_fraction))
+    manifest.setdefault("statistics", {})[key] = stats
+    _write_manifest(version_dir, manifest)
 
 
 def _write_manifest(version_dir: Path, manifest: dict[str, Any]) -> None:
