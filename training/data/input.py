@@ -14,14 +14,15 @@ from pathlib import Path
 from typing import Any
 
 from training.data.catalog import get_builder
-from training.data.staging import StagedDataset
 from training.errors import DatasetError
 
 
-def load_builder(staged: StagedDataset) -> Any:
-    """The builder reading a staged dataset back from its directory (no preparation,
-    no registration: a team's own snapshot reads back like digits or mnist). Under
-    ``tfds.testing.mock_data`` nothing was written, and the catalog's builder reads."""
+def load_builder(staged: Any) -> Any:
+    """The builder reading a staged dataset back from its directory (no preparation, no
+    registration: a team's own snapshot reads back like digits or mnist). ``staged`` is
+    a ``staging.StagedDataset`` (not imported: staging computes statistics through
+    here). Under ``tfds.testing.mock_data`` nothing was written, and the catalog's
+    builder reads."""
     import tensorflow_datasets as tfds
 
     if (Path(staged.path) / "dataset_info.json").is_file():
