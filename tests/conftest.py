@@ -85,3 +85,19 @@ def airflow_db() -> str:
     subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], check=True,
                    capture_output=True, env={**os.environ, **AIRFLOW_ENV})
     return AIRFLOW_HOME
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Groups for ``./dev test``'s two pytest-xdist workers (``--dist loadgroup``): a
+    module's tests run on one worker, in order, sharing its module fixtures; the system
+    tests of every module share one ``./dev airflow`` stack, so they are one group. The
+    two longest groups (minutes each) go first, so that they do not start last."""
+    groups = {}
+    for item in items:
+        module = item.nodeid.split("::")[0]
+        groups[item] = "system" if module.startswith("tests/system/") else module
+        item.add_marker(pytest.mark.xdist_group(groups[item]))
+    first = ("system", "tests/journeys/test_readme_commands.py")
+    items.sort(key=lambda item: first.index(groups[item]) if groups[item] in first
+               else len(first))

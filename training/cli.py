@@ -92,6 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
     for name, text in commands.items():
         cmd = sub.add_parser(name, help=text, description=text, allow_abbrev=False)
         _add_config_flags(cmd, staged=name != "stage")
+    # Listed here for --help; main() hands `data ...` to training.data.landing whole.
+    sub.add_parser("data", help="The team's data: `data demo` writes the digits as daily "
+                   "partitions, `data land` lands one partition (data --help).")
     models = sub.add_parser("models", help="List, show, promote or roll back model versions.",
                             description="Read and move the model registry in a store.",
                             allow_abbrev=False)
@@ -243,5 +246,10 @@ def _models(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["data"]:
+        from training.data import landing
+
+        return landing.main(argv[1:], prog="python -m training data")
     args = build_parser().parse_args(argv)
     return run_command(lambda: execute(args))

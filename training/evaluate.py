@@ -51,9 +51,9 @@ def predict(model: Any, dataset: Any) -> tuple[np.ndarray, np.ndarray]:
     return np.concatenate(labels), np.concatenate(probs)
 
 
-def evaluate_model(model: Any, dataset: Any) -> dict[str, Any]:
+def evaluate_model(model: Any, dataset: Any, what: str = "test split") -> dict[str, Any]:
     labels, probs = predict(model, dataset)
     metrics = classification_metrics(labels, probs)
-    log.info("test split: %d examples, loss %.4f, accuracy %.4f", metrics["examples"],
+    log.info("%s: %d examples, loss %.4f, accuracy %.4f", what, metrics["examples"],
              metrics["loss"], metrics["accuracy"])
     return metrics

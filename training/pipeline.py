@@ -65,19 +65,37 @@ def _run_dir(cfg: RunConfig, run_dir: str | os.PathLike[str] | None) -> Path:
 
 def evaluate(cfg: RunConfig, staged: StagedDataset, registry: ModelRegistry, *,
              run_dir: str | os.PathLike[str] | None = None,
-             data_stats: dict[str, Any] | None = None) -> dict[str, Any]:
+             data_stats: dict[str, Any] | None = None,
+             holdout_options: S3Options | None = None) -> dict[str, Any]:
     """Evaluate the new model and the production model on the same test split; decide.
 
+    With ``promotion.holdout_uri`` both are also scored on that pinned holdout
+    (``data/holdout.py``, read with ``holdout_options``), reported beside the test split.
     Writes ``evaluation.json`` into the model directory (so it is published with the
     version) and returns it. A model that is not promoted always says why.
     """
     run_dir = _run_dir(cfg, run_dir)
     with claim_run(run_dir, cfg.run_id):
-        return _evaluate(cfg, staged, registry, run_dir, data_stats)
+        return _evaluate(cfg, staged, registry, run_dir, data_stats, holdout_options)
+
+
+def _holdout(cfg: RunConfig, staged: StagedDataset, options: S3Options | None) -> Any:
+    """The pinned holdout as a dataset and its description; (None, None) without one."""
+    if not cfg.promotion.holdout_uri:
+        return None, None
+    from training.data.holdout import as_dataset, load_holdout
+    from training.data.statistics import label_names
+
+    builder = load_builder(staged)
+    image = builder.info.features[(builder.info.supervised_keys or ("image",))[0]]
+    holdout = load_holdout(cfg.promotion.holdout_uri, options, tuple(image.shape),
+                           label_names(builder))
+    return as_dataset(holdout, TEST_BATCH), holdout.describe()
 
 
 def _evaluate(cfg: RunConfig, staged: StagedDataset, registry: ModelRegistry,
-              run_dir: Path, data_stats: dict[str, Any] | None) -> dict[str, Any]:
+              run_dir: Path, data_stats: dict[str, Any] | None,
+              holdout_options: S3Options | None) -> dict[str, Any]:
     out = model_dir(run_dir)
     name = cfg.model_name
     published = published_evaluation(cfg, registry)
@@ -90,15 +108,21 @@ def _evaluate(cfg: RunConfig, staged: StagedDataset, registry: ModelRegistry,
         (out / layout.DATA_STATS).write_text(json.dumps(data_stats, indent=2) + "\n")
     staging.verify(staged)
     test = _test_split(staged, cfg.fit.seed)
-    challenger = evaluate_model(_load(out / layout.MODEL_FILE), test)
+    holdout_data, holdout = _holdout(cfg, staged, holdout_options)
+    model = _load(out / layout.MODEL_FILE)
+    challenger = evaluate_model(model, test)
+    if holdout is not None:
+        holdout["challenger"] = _brief(evaluate_model(model, holdout_data, "holdout"))
+        holdout["champion"] = None
     champion_version = registry.production(name)
     champion = None
     if champion_version is not None:
         with tempfile.TemporaryDirectory(prefix="champion-") as tmp:
             model = registry.load_model(name, champion_version, tmp)
-            metrics = evaluate_model(model, test)
-        champion = {"version": champion_version, "accuracy": metrics["accuracy"],
-                    "loss": metrics["loss"]}
+            champion = {"version": champion_version, **_brief(evaluate_model(model, test))}
+            if holdout is not None:
+                holdout["champion"] = {"version": champion_version, **_brief(
+                    evaluate_model(model, holdout_data, "holdout"))}
     policy = PromotionPolicy(min_accuracy=cfg.promotion.min_accuracy,
                              min_improvement=cfg.promotion.min_improvement)
     decision = decide(challenger, champion, policy, force=cfg.promotion.force_promote,
@@ -113,6 +137,7 @@ def _evaluate(cfg: RunConfig, staged: StagedDataset, registry: ModelRegistry,
                    "min_improvement": policy.min_improvement,
                    "force_promote": cfg.promotion.force_promote},
         "decision": decision.to_dict(),
+        "holdout": holdout,
     }
     (out / layout.EVALUATION).write_text(json.dumps(evaluation, indent=2) + "\n")
     from training.report import build_report  # matplotlib: only where a report is built
@@ -126,6 +151,11 @@ def _evaluate(cfg: RunConfig, staged: StagedDataset, registry: ModelRegistry,
     for reason in decision.reasons:
         log.info("  - %s", reason)
     return evaluation
+
+
+def _brief(metrics: dict[str, Any]) -> dict[str, Any]:
+    """The scores two models are compared on (the per-class detail is the challenger's)."""
+    return {k: metrics[k] for k in ("examples", "accuracy", "loss", "macro_f1")}
 
 
 def read_evaluation(cfg: RunConfig, run_dir: str | os.PathLike[str] | None = None

@@ -184,12 +184,20 @@ def config_for_run(params: Mapping[str, Any], airflow_run_id: str,
 
 
 def run_day(context: Mapping[str, Any]) -> str:
-    """The last day of data a run covers: the last day that is over when its data
-    interval ends (a nightly run at 03:00 covers yesterday; a manual or asset-triggered
-    run, whose interval ends when it runs, the day before). From the run, never the
-    clock."""
+    """The last day of data a run covers. A run triggered by ``labelled_data`` events
+    covers the latest partition they landed (their ``extra``'s ``partition``); any other
+    run, the last day that is over when its data interval ends (a nightly run at 03:00
+    covers yesterday; a manual run, whose interval ends when it runs, the day before).
+    From the run, never the clock."""
     from datetime import timedelta
 
+    landed = [extra["partition"][3:]
+              for events in (context.get("triggering_asset_events") or {}).values()
+              for extra in (getattr(event, "extra", None) for event in events)
+              if isinstance(extra, dict)
+              and re.fullmatch(r"dt=\d{4}-\d{2}-\d{2}", str(extra.get("partition")))]
+    if landed:
+        return max(landed)
     end = context.get("data_interval_end") or context["dag_run"].run_after
     return (end.date() - timedelta(days=1)).isoformat()
 

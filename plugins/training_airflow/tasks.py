@@ -152,11 +152,13 @@ class EvaluateOperator(_ModelStep):
     def step(self, cfg: Any, registry: Any, context: Any) -> dict[str, Any]:
         from training import pipeline
         from training.data.staging import StagedDataset
+        from training_airflow.store import s3_options
 
         evaluation = pipeline.evaluate(
             cfg, StagedDataset.from_dict(self.staged), registry,
             run_dir=self.trained["run_dir"],
-            data_stats=(self.validated or {}).get("data_stats"))
+            data_stats=(self.validated or {}).get("data_stats"),
+            holdout_options=s3_options(cfg.promotion.holdout_uri, aws_conn_id()))
         return {"version": evaluation["version"], "decision": evaluation["decision"],
                 "accuracy": evaluation["challenger"]["accuracy"],
                 "champion": evaluation["champion"], "run_dir": self.trained["run_dir"]}

@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 from collections import defaultdict
+from datetime import timedelta
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -366,6 +367,7 @@ def test_landing_records_an_asset_event_that_triggers_keras_retrain(
     from sqlalchemy import delete, update
 
     from training.registry import open_store
+    from training_airflow.params import run_day
 
     bucket = moto_server.create_bucket()
     uri = f"s3://{bucket}/team/labelled"
@@ -400,6 +402,14 @@ def test_landing_records_an_asset_event_that_triggers_keras_retrain(
             assert [e.id for e in runs[0].consumed_asset_events] == [event_id]
             assert runs[0].consumed_asset_events[0].extra["partition"] == "dt=2026-12-05"
             triggered = runs[0].run_id
+            # The run stages up to the day the event landed, not the day before it runs:
+            # what its tasks see, from the real events.
+            context = {"triggering_asset_events": {LABELLED_URI: runs[0].consumed_asset_events},
+                       "data_interval_end": runs[0].data_interval_end, "dag_run": runs[0]}
+            assert run_day(context) == "2026-12-05"
+            del context["triggering_asset_events"]
+            end = runs[0].data_interval_end or runs[0].run_after
+            assert run_day(context) == (end.date() - timedelta(days=1)).isoformat()
     finally:
         with create_session() as session:  # leave the session's DB as the other tests expect
             session.execute(delete(DagRun).where(DagRun.dag_id == "keras_retrain",

@@ -220,3 +220,35 @@ def test_tfrecord_partitions_stage_like_image_files(tmp_path):
     assert [r["path"] for r in meta["rejected"]] == [f"dt={DAYS[0]}/part-0.tfrecord#20"]
     assert sum(meta["examples"].values()) == 20
     staging.verify(staged)
+
+
+def test_a_pinned_holdout_on_s3_is_read_whole_and_a_changed_or_foreign_file_is_named(
+        moto_server):
+    from training.data.holdout import load_holdout
+
+    bucket = moto_server.create_bucket()
+    uri = f"s3://{bucket}/team/holdout"
+    store = open_store(uri, moto_server.options())
+    for label in ("cat", "dog"):
+        for i in range(4):
+            store.put_bytes(f"{label}/{i}.png", png(zlib.crc32(f"h/{label}/{i}".encode())))
+    store.put_bytes("_README", b"bookkeeping is not an image")
+
+    holdout = load_holdout(uri, moto_server.options(), (8, 8, 1), ["cat", "dog"])
+    assert holdout.images.shape == (8, 8, 8, 1) and holdout.images.dtype == np.uint8
+    assert holdout.labels.tolist() == [0] * 4 + [1] * 4  # by the dataset's class order
+    again = load_holdout(uri, moto_server.options(), (8, 8, 1), ["cat", "dog"])
+    assert again.fingerprint == holdout.fingerprint  # the same images: the same name
+
+    store.put_bytes("dog/0.png", png(1, shift=40))  # one image replaced behind its back
+    changed = load_holdout(uri, moto_server.options(), (8, 8, 1), ["cat", "dog"])
+    assert changed.fingerprint != holdout.fingerprint
+
+    store.put_bytes("cat/9.png", b"not a png")
+    with pytest.raises(DatasetError, match=r"cat/9.png is not a readable image"):
+        load_holdout(uri, moto_server.options(), (8, 8, 1), ["cat", "dog"])
+    foreign = open_store(f"{uri}-2", moto_server.options())
+    foreign.put_bytes("bird/0.png", png(2))
+    with pytest.raises(DatasetError, match=r"label 'bird' \(bird/0.png\) is not a class of "
+                                           r"the dataset; its classes are cat, dog"):
+        load_holdout(f"{uri}-2", moto_server.options(), (8, 8, 1), ["cat", "dog"])

@@ -34,6 +34,13 @@ TENSORBOARD = ".venv/bin/tensorboard --logdir var/store/models/digits-mlp/versio
 ELSEWHERE = {"./dev test", "./dev airflow"}
 
 
+def night_by_night() -> list[str]:
+    """The lines of the README's night-by-night block, in order."""
+    section = (REPO / "README.md").read_text().split("#### Night by night", 1)[1]
+    block = re.search(r"```bash\n(.*?)```", section, re.S).group(1)
+    return [line for line in block.splitlines() if line.strip()]
+
+
 def readme_commands() -> set[str]:
     """Every command line in the README's bash blocks, without its comment."""
     commands = set()
@@ -62,7 +69,8 @@ def clone(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_every_dev_command_of_the_readme_is_run_here():
-    tested = {DEMO, DEMO_WITH_CONF, CLI_HELP, DAG_CHECKS, TENSORBOARD, *ELSEWHERE}
+    tested = {DEMO, DEMO_WITH_CONF, CLI_HELP, DAG_CHECKS, TENSORBOARD, *ELSEWHERE,
+              *night_by_night()}
     written = {c for c in readme_commands() if c.startswith(("./dev", ".venv/bin/tensorboard"))}
     assert written <= tested, f"README commands no test runs: {sorted(written - tested)}"
     assert {DEMO, CLI_HELP, DAG_CHECKS, TENSORBOARD, *ELSEWHERE} <= written
@@ -134,3 +142,60 @@ def test_tensorboard_serves_the_published_versions(clone: Path):
         with contextlib.suppress(ProcessLookupError):
             os.killpg(server.pid, signal.SIGTERM)
         server.wait(timeout=30)
+
+
+def test_night_by_night_the_demo_grows_skips_promotes_and_refuses_drift(clone: Path):
+    """The README's night-by-night block, line by line, each night checked in the store."""
+    store = clone / "var" / "store" / "models" / "team_digits-mlp"
+    lines = night_by_night()
+    assert len(lines) == 8 and lines[2].startswith(DEMO), lines
+    done = sh(clone, lines[0], timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    written = json.loads(done.stdout)
+    assert [p["drifted"] for p in written["partitions"]] == [False, False, True]
+    assert written["holdout"]["files"] == 180
+    assert json.loads(sh(clone, lines[1], timeout=300).stdout)["landed"] is True
+
+    def version_file(version: str, name: str) -> str:
+        return (store / "versions" / version / name).read_text()
+
+    # Night 1: the 28th alone; nothing in production, so the first model is promoted.
+    first = summary(sh(clone, lines[2], timeout=900))
+    assert first["promoted"] is True and first["model_name"] == "team_digits-mlp", first
+    v1 = first["published_version"]
+    evaluation = json.loads(version_file(v1, "evaluation.json"))
+    assert evaluation["holdout"]["examples"] == 180, evaluation["holdout"]
+    assert evaluation["holdout"]["champion"] is None
+    stats = json.loads(version_file(v1, "data_stats.json"))
+    assert list(stats["statistics"]["partitions"]) == ["dt=2026-11-28"]
+
+    # Night 2: nothing landed for the 29th: the same snapshot, so no training.
+    second = summary(sh(clone, lines[3], timeout=900))
+    assert second["tasks"]["train"] == "skipped", second
+    assert second["skipped_because"].startswith(
+        f"nothing new: production (team_digits-mlp {v1}) was trained on this data"), second
+
+    # Night 3: both days; better on the same, current test split: promoted.
+    assert json.loads(sh(clone, lines[4], timeout=300).stdout)["landed"] is True
+    third = summary(sh(clone, lines[5], timeout=900))
+    assert third["promoted"] is True and third["champion"]["version"] == v1, third
+    v3 = third["published_version"]
+    evaluation = json.loads(version_file(v3, "evaluation.json"))
+    holdout = evaluation["holdout"]
+    assert holdout["champion"]["version"] == v1 and holdout["examples"] == 180, holdout
+    assert holdout["fingerprint"] == json.loads(
+        version_file(v1, "evaluation.json"))["holdout"]["fingerprint"]  # the same images
+    assert evaluation["challenger"]["examples"] > evaluation["holdout"]["examples"]
+    report = version_file(v3, "report/index.html")
+    for table in ("holdout", "data-checks", "data-splits", "data-classes"):
+        assert f'<table class="{table}">' in report, table
+    assert "<td>drift</td><td>passed</td>" in report
+
+    # Night 4: the drifted 30th is refused before training, with its reasons.
+    fourth = sh(clone, lines[7], timeout=900)
+    assert fourth.returncode != 0, fourth.stdout[-2000:]
+    assert "data check drift: FAILED (dt=2026-11-30: label distribution moved by" \
+        in fourth.stderr, fourth.stderr[-3000:]
+    assert "dt=2026-11-30: pixel mean moved by" in fourth.stderr, fourth.stderr[-3000:]
+    assert sorted(p.name for p in (store / "versions").iterdir()) == sorted([v1, v3])
+    assert json.loads((store / "production.json").read_text())["version"] == v3

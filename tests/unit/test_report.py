@@ -114,6 +114,48 @@ def test_report_has_both_plots_every_record_and_marks_lr_drops_and_restored_epoc
     assert not re.search(r'src="(?!learning_curves\.png|confusion_matrix\.png)', page)
 
 
+def test_the_holdout_scores_and_the_data_checks_are_reported(tmp_path):
+    from training.data.validation import ValidationRules, validate
+
+    write_records(tmp_path)
+    evaluation = json.loads((tmp_path / "evaluation.json").read_text())
+    evaluation["holdout"] = {
+        "uri": "s3://team/holdout", "fingerprint": "0f1e2d3c4b5a6978", "examples": 180,
+        "challenger": {"examples": 180, "accuracy": 0.95, "loss": 0.2, "macro_f1": 0.94},
+        "champion": {"version": "nightly-41", "examples": 180, "accuracy": 0.9,
+                     "loss": 0.3, "macro_f1": 0.89}}
+    (tmp_path / "evaluation.json").write_text(json.dumps(evaluation))
+    split = {"split": "train", "num_examples": 40, "class_counts": [30, 10],
+             "pixel_mean": [200.0], "pixel_std": [20.0], "image_shape": [8, 8, 1],
+             "image_dtype": "uint8"}
+    reference = {"label_names": ["cat", "dog"], "image_shape": [8, 8, 1],
+                 "image_dtype": "uint8",
+                 "duplicates": {"count": 0, "within_split": 0, "examples": []},
+                 "splits": {"train": {**split, "class_counts": [20, 20],
+                                      "pixel_mean": [100.0]}}}
+    stats = {**reference, "splits": {"train": split, "test": {**split, "split": "test",
+                                                              "class_counts": [3, 1]}}}
+    verdict = validate(stats, rules=ValidationRules(min_examples_per_class=1,
+                                                    max_corrupt_fraction=0.0,
+                                                    drift_threshold=0.3),
+                       reference=reference)
+    (tmp_path / "data_stats.json").write_text(json.dumps(
+        {"dataset": "cats:1.0.0@abc", "compared_with": "nightly-41", "statistics": stats,
+         "verdict": verdict}))
+    page = report.build_report(tmp_path).read_text()
+
+    holdout = table(page, "holdout")
+    assert "challenger manual__2026-11-30" in holdout and "champion nightly-41" in holdout
+    assert "<td>accuracy</td><td>0.9500</td><td>0.9000</td>" in holdout
+    assert "s3://team/holdout" in table(page, "holdout-about")
+    checks = table(page, "data-checks")
+    assert "<td>drift</td><td>FAILED</td><td>pixel mean moved by 1.00" in checks
+    assert "<td>schema</td><td>passed</td>" in checks
+    assert "<td>failed</td>" in table(page, "data-about")
+    assert "<td>cat</td><td>30</td><td>3</td>" in table(page, "data-classes")
+    assert "<td>train</td><td>train</td><td>40</td><td>200.0</td>" in table(page, "data-splits")
+
+
 def test_plot_marks_are_the_history_epochs(tmp_path):
     write_records(tmp_path)
     history = json.loads((tmp_path / "history.json").read_text())

@@ -149,14 +149,14 @@ def test_without_production_drift_is_not_compared(stats):
 def test_a_shifted_pixel_distribution_is_drift(stats, data):
     verdict = validate(stats["shifted"], rules=RULES, reference=stats["reference"])
     mine, ref = data["shifted"]["train"][0], data["reference"]["train"][0]
-    expected = min(1.0, abs(float(mine.mean()) - float(ref.mean())) / float(ref.std()) / 4)
+    expected = min(1.0, abs(float(mine.mean()) - float(ref.mean())) / float(ref.std()) / 2)
     drift = _check(verdict, "drift")
     assert not verdict["passed"] and not drift["passed"]
     assert drift["pixel_shift"] == pytest.approx(expected, abs=1e-9) and expected > 0.5
     assert drift["label_distance"] == 0.0
     assert verdict["reasons"] == [
         f"drift: pixel mean moved by {expected:.2f} (largest channel shift in production's "
-        "standard deviations, divided by 4), more than the threshold 0.20"]
+        "standard deviations, divided by 2), more than the threshold 0.20"]
 
 
 def test_a_skewed_label_distribution_is_drift(stats):

@@ -103,7 +103,7 @@ class ValidationConfig(Section):
     drift_threshold: float = setting(
         0.3, "Largest drift from production's training data allowed, for the label "
         "distribution (Jensen-Shannon distance) and the pixel means (shift in standard "
-        "deviations / 4), each between 0 and 1.", key="drift_threshold",
+        "deviations / 2), each between 0 and 1.", key="drift_threshold",
         exclusive_minimum=0.0, maximum=1.0,
     )
     force_train: bool = setting(

@@ -158,6 +158,14 @@ class PromotionConfig(Section):
         False, "Promote even when the policy says no (recorded as forced).",
         key="force_promote",
     )
+    holdout_uri: str = setting(
+        "", "A pinned holdout both models are also scored on, every night the same images "
+        "(the report shows both scores; the decision stays on the test split): a "
+        "directory or s3://bucket/prefix of <label>/<image file>; empty: none.",
+        key="holdout_uri",
+        pattern=r"^$|^(s3://[a-z0-9.-]{3,63}(/.*)?|file://.+|[^:]+)$",
+        says="empty, or s3://bucket/prefix, file:///path or a local path",
+    )
 
 
 @dataclass(frozen=True)

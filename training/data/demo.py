@@ -8,8 +8,10 @@ team's labelled images land::
     <out_dir>/dt=2026-11-29/<label>/<n>.png
     <out_dir>/dt=2026-11-30/<label>/<n>.png      the drift day (3rd by default)
 
-The images are shuffled once with ``seed`` and split evenly over the days that are
-written. On ``drift_day`` (1-based) the images are inverted (a white background: the
+The images are shuffled once with ``seed``; the first ``holdout`` of them (0: none) are
+written to ``<out_dir>/holdout/<label>/<n>.png`` as a pinned holdout
+(``promotion.holdout_uri``) and never in a day; the rest are split evenly over the days
+that are written. On ``drift_day`` (1-based) the images are inverted (a white background: the
 mean pixel rises from about 78 to about 177) and the label mix is skewed: that day keeps
 all its images of labels 0-4 and only one in ``DRIFT_KEEP_ONE_IN`` of labels 5-9, so a
 drift check against the earlier days refuses it. ``skip_day`` (1-based) is a date with
@@ -35,6 +37,7 @@ DEMO_SEED = 20261128
 DRIFT_KEPT_LABELS = frozenset(range(5))  # labels the drift day keeps in full
 DRIFT_KEEP_ONE_IN = 5  # the drift day keeps one in five images of the other labels
 MAX_DAYS = 366
+HOLDOUT_DIR = "holdout"  # <out_dir>/holdout/<label>/<n>.png: a pinned holdout, no day's
 
 
 def _day_number(field: str, value: Any, days: int) -> int | None:
@@ -96,13 +99,17 @@ def _write_partition(target: Path, images: np.ndarray, labels: np.ndarray,
 
 def write_demo_partitions(out_dir: str | os.PathLike[str], *, start: str = "2026-11-28",
                           days: int = 3, drift_day: int | None = 3,
-                          skip_day: int | None = None,
+                          skip_day: int | None = None, holdout: int = 0,
                           seed: int = DEMO_SEED) -> dict[str, Any]:
     """Write the demo partitions (module doc) and say what was written: ``{"out_dir",
-    "partitions": [{"partition", "files", "drifted", "labels"}], "skipped": [...]}``."""
+    "partitions": [{"partition", "files", "drifted", "labels"}], "skipped": [...]}``,
+    and ``"holdout"`` (its directory and size) when ``holdout`` > 0."""
     first, drift, skip = _check(start, days, drift_day, skip_day)
+    if isinstance(holdout, bool) or not isinstance(holdout, int) or not 0 <= holdout <= 900:
+        raise ConfigError(f"holdout must be between 0 and 900 images, got {shown(holdout)}")
     images, labels = _digits()
     order = np.random.default_rng(seed).permutation(len(labels))
+    pinned, order = np.sort(order[:holdout]), order[holdout:]
     numbers = [n for n in range(1, days + 1) if n != skip]
     chunks = dict(zip(numbers, np.array_split(order, len(numbers)), strict=True))
     out = Path(out_dir)
@@ -125,4 +132,9 @@ def write_demo_partitions(out_dir: str | os.PathLike[str], *, start: str = "2026
         written.append({"partition": partition, "files": len(chunk),
                         "drifted": number == drift,
                         "labels": {str(k): int(v) for k, v in enumerate(counts)}})
-    return {"out_dir": os.fspath(out.resolve()), "partitions": written, "skipped": skipped}
+    result = {"out_dir": os.fspath(out.resolve()), "partitions": written, "skipped": skipped}
+    if holdout:
+        _write_partition(out / HOLDOUT_DIR, images, labels, pinned)
+        result["holdout"] = {"dir": os.fspath((out / HOLDOUT_DIR).resolve()),
+                             "files": len(pinned)}
+    return result

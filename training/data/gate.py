@@ -59,6 +59,8 @@ def validate_data(cfg: RunConfig, staged: StagedDataset,
         builder = load_builder(staged)
         stats = validation.dataset_statistics(
             builder, split_names(builder, cfg.dataset.validation_fraction))
+    if "partition_statistics" in manifest:  # a team's own data: each day on its own too
+        stats = {**stats, "partitions": manifest["partition_statistics"]}
     rejected = ({"rejected": manifest["rejected"], "attempted": manifest["attempted"]}
                 if "rejected" in manifest else None)
     rules = validation.ValidationRules(

@@ -210,30 +210,61 @@ def prepare_examples(snapshot: Snapshot, cache: Path) -> dict[str, Any]:
     cfg = snapshot.cfg
     cache.mkdir(parents=True, exist_ok=True)
 
-    def fetch(key: str) -> list[tuple[str, str, str, str | None]]:
+    def fetch(key: str) -> list[tuple[str, str, str, str | None, Any]]:
         out = []
         try:
             for example_key, label, data in snapshot.encoded(key):
                 name = hashlib.sha256(example_key.encode()).hexdigest()[:24] + ".npy"
                 try:
-                    np.save(cache / name, decode(data, snapshot.shape))
+                    image = decode(data, snapshot.shape)
+                    np.save(cache / name, image)
                     split = split_of(data, cfg.test_percent, cfg.validation_percent)
-                    out.append((example_key, label, split, name))
+                    out.append((example_key, label, split, name, _moments(image)))
                 except ValueError as exc:
-                    out.append((example_key, label, str(exc), None))
+                    out.append((example_key, label, str(exc), None, None))
         except Exception as exc:  # a TFRecord file that does not parse
             out.append((key, "", f"cannot read the file ({type(exc).__name__}: "
-                                 f"{shown(exc)})", None))
+                                 f"{shown(exc)})", None, None))
         return out
 
     with ThreadPoolExecutor(FETCH_THREADS) as pool:
         results = [r for batch in pool.map(fetch, snapshot.files()) for r in batch]
-    rejected = [{"path": k, "reason": why} for k, _, why, name in results if name is None]
-    kept = [(k, label, split, name) for k, label, split, name in results if name]
-    labels = sorted({label for _, label, _, _ in kept})
+    rejected = [{"path": r[0], "reason": r[2]} for r in results if r[3] is None]
+    kept = [r for r in results if r[3]]
+    labels = sorted({r[1] for r in kept})
     splits: dict[str, list[tuple[str, str, str]]] = {"train": [], "validation": [],
                                                      "test": []}
-    for key, label, split, name in sorted(kept):
+    for key, label, split, name, _ in sorted(kept, key=lambda r: r[0]):
         splits[split].append((key, label, name))
     return {"splits": splits, "labels": labels, "rejected": rejected,
-            "attempted": len(results)}
+            "attempted": len(results), "partition_statistics": _by_partition(kept, labels)}
+
+
+def _moments(image: Any) -> Any:
+    """Per channel: pixel count, sum and sum of squares (float64), to be added up."""
+    import numpy as np
+
+    pixels = image.reshape(-1, image.shape[-1]).astype(np.float64)
+    return np.stack([np.full(pixels.shape[1], len(pixels)), pixels.sum(0),
+                     (pixels ** 2).sum(0)])
+
+
+def _by_partition(kept: list[tuple], labels: list[str]) -> dict[str, dict[str, Any]]:
+    """Each partition's examples, class counts (in ``labels`` order) and per-channel
+    pixel mean and std (0-255), over all its splits: what ``validation.py`` compares a
+    new day with, on its own, so one drifted day is not diluted by the days before."""
+    import numpy as np
+
+    out: dict[str, dict[str, Any]] = {}
+    for partition in sorted({r[0].split("/", 1)[0] for r in kept}):
+        rows = [r for r in kept if r[0].split("/", 1)[0] == partition]
+        count, total, squares = sum(r[4] for r in rows)
+        mean = total / count
+        out[partition] = {
+            "num_examples": len(rows),
+            "class_counts": [sum(1 for r in rows if r[1] == label) for label in labels],
+            "pixel_mean": [round(float(m), 4) for m in mean],
+            "pixel_std": [round(float(s), 4)
+                          for s in np.sqrt(np.maximum(squares / count - mean ** 2, 0.0))],
+        }
+    return out

@@ -49,7 +49,8 @@ class SnapshotBuilder:
             raise DatasetError(f"tfds prepared {builder.data_dir}, expected {self.data_dir}")
         return {"partitions": list(snapshot.partitions), "labels": prepared["labels"],
                 "rejected": prepared["rejected"], "attempted": prepared["attempted"],
-                "examples": {s: len(e) for s, e in prepared["splits"].items()}}
+                "examples": {s: len(e) for s, e in prepared["splits"].items()},
+                "partition_statistics": prepared["partition_statistics"]}
 
 
 def _tfds_builder(snapshot: Snapshot, prepared: dict[str, Any], cache: Path) -> Any:

@@ -225,9 +225,9 @@ def land(source_dir: str | os.PathLike[str], data_uri: str, partition: str, *,
 
 # --- the command line ------------------------------------------------------------------
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "python -m training.data.landing") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m training.data.landing",
+        prog=prog,
         description="Write demo partitions, or land one partition into the data store.")
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser("demo", help="write the digits as daily partitions of PNGs")
@@ -238,6 +238,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="1-based day whose images drift (0: none; default 3)")
     demo.add_argument("--skip-day", type=int, default=0,
                       help="1-based day with no new data, not written (0: none)")
+    demo.add_argument("--holdout", type=int, default=0,
+                      help="images kept out of every day as a pinned holdout, written to "
+                           "<out>/holdout/<label>/ (default 0: none)")
     demo.add_argument("--seed", type=int, default=None, help="shuffle seed")
     land_cmd = commands.add_parser("land", help="copy one partition into the data store")
     land_cmd.add_argument("--from", dest="source_dir", required=True,
@@ -256,15 +259,16 @@ def execute(args: argparse.Namespace) -> int:
 
         result = write_demo_partitions(
             args.out, start=args.start, days=args.days, drift_day=args.drift_day,
-            skip_day=args.skip_day, seed=DEMO_SEED if args.seed is None else args.seed)
+            skip_day=args.skip_day, holdout=args.holdout,
+            seed=DEMO_SEED if args.seed is None else args.seed)
     else:
         result = land(args.source_dir, args.data_uri, args.partition, replace=args.replace)
     print(json.dumps(result, sort_keys=True))
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    args = (build_parser(prog) if prog else build_parser()).parse_args(argv)
     return run_command(lambda: execute(args))
 
 

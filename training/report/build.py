@@ -10,7 +10,15 @@ from typing import Any
 
 from training import files
 from training.errors import ReportError
-from training.layout import CONFIG, EVALUATION, HISTORY, REPORT_DIR, REPORT_INDEX, RUN
+from training.layout import (
+    CONFIG,
+    DATA_STATS,
+    EVALUATION,
+    HISTORY,
+    REPORT_DIR,
+    REPORT_INDEX,
+    RUN,
+)
 from training.report.plots import (
     CONFUSION_MATRIX,
     LEARNING_CURVES,
@@ -43,8 +51,8 @@ def build_report(model_dir: str | os.PathLike[str]) -> Path:
     if not model_dir.is_dir():
         raise ReportError(f"model directory {os.fspath(model_dir)!r} does not exist; pass "
                           f"the run's model/ directory (it holds {HISTORY})")
-    history, evaluation, config, run = (_read(model_dir, n)
-                                        for n in (HISTORY, EVALUATION, CONFIG, RUN))
+    history, evaluation, config, run, data_stats = (
+        _read(model_dir, n) for n in (HISTORY, EVALUATION, CONFIG, RUN, DATA_STATS))
     if history is None and evaluation is None:
         raise ReportError(f"{os.fspath(model_dir)!r} has neither {HISTORY} nor {EVALUATION}; "
                           "train (and evaluate) before building a report")
@@ -62,7 +70,7 @@ def build_report(model_dir: str | os.PathLike[str]) -> Path:
                               partial / CONFUSION_MATRIX)
     (partial / REPORT_INDEX).write_text(
         render_report(history=history, evaluation=evaluation, config=config, run=run,
-                      marks=marks),
+                      marks=marks, data_stats=data_stats),
         encoding="utf-8")
     files.swap_dir(final)
     return final / REPORT_INDEX

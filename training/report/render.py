@@ -148,6 +148,50 @@ def _test_metrics(challenger: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def _holdout(evaluation: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The pinned holdout's scores, challenger beside champion (None without one)."""
+    holdout = evaluation.get("holdout")
+    if not holdout:
+        return None
+    challenger, champion = holdout.get("challenger") or {}, holdout.get("champion")
+    return {
+        "about": {"images": holdout.get("uri"), "examples": holdout.get("examples"),
+                  "fingerprint": holdout.get("fingerprint")},
+        "headers": ["metric", f"challenger {evaluation.get('version', '')}",
+                    f"champion {champion.get('version')}" if champion else "champion (none)"],
+        "rows": [(m, challenger.get(m), champion.get(m) if champion else None)
+                 for m in KEY_METRICS],
+    }
+
+
+def _at(values: list[Any] | None, index: int) -> Any:
+    return values[index] if values and index < len(values) else None
+
+
+def _data(data_stats: Mapping[str, Any]) -> dict[str, Any]:
+    """validate_data's statistics and verdicts (``data_stats.json``) as tables."""
+    stats = data_stats.get("statistics") or {}
+    verdict = data_stats.get("verdict") or {}
+    splits = stats.get("splits") or {}
+    names = stats.get("label_names") or []
+    return {
+        "about": {"snapshot": data_stats.get("dataset"),
+                  "compared with production": data_stats.get("compared_with"),
+                  "image shape": stats.get("image_shape"),
+                  "image dtype": stats.get("image_dtype"),
+                  "exact duplicates across splits": (stats.get("duplicates") or {}).get("count"),
+                  "verdict": "passed" if verdict.get("passed") else "failed"},
+        "checks": [(c.get("name"), "passed" if c.get("passed") else "FAILED", c.get("detail"))
+                   for c in verdict.get("checks", [])],
+        "split_headers": ["split", "read as", "examples", "pixel mean", "pixel std"],
+        "splits": [(n, s.get("split"), s.get("num_examples"), s.get("pixel_mean"),
+                    s.get("pixel_std")) for n, s in splits.items()],
+        "class_headers": ["class", *splits],
+        "classes": [(name, *(_at(s.get("class_counts"), i) for s in splits.values()))
+                    for i, name in enumerate(names)],
+    }
+
+
 def _config_rows(config: Mapping[str, Any]) -> list[tuple[str, str, Any]]:
     rows: list[tuple[str, str, Any]] = []
     for section, fields in config.items():
@@ -160,8 +204,9 @@ def _config_rows(config: Mapping[str, Any]) -> list[tuple[str, str, Any]]:
 
 def render_report(*, history: Mapping[str, Any] | None, evaluation: Mapping[str, Any] | None,
                   config: Mapping[str, Any] | None, run: Mapping[str, Any] | None,
-                  marks: Mapping[str, Any] | None) -> str:
-    """The report page from the four records (any of them may be None) and the marks
+                  marks: Mapping[str, Any] | None,
+                  data_stats: Mapping[str, Any] | None = None) -> str:
+    """The report page from the records (any of them may be None) and the marks
     ``plot_learning_curves`` drew."""
     evaluation_ = evaluation or {}
     run_ = run or {}
@@ -178,6 +223,8 @@ def render_report(*, history: Mapping[str, Any] | None, evaluation: Mapping[str,
         dataset_key=evaluation_.get("dataset") or (run_.get("dataset") or {}).get("key"),
         started=run_.get("started_at"),
         decision=_decision(evaluation) if evaluation is not None else None,
+        holdout=_holdout(evaluation) if evaluation is not None else None,
+        data=_data(data_stats) if data_stats is not None else None,
         training=(_training(history, marks) if history is not None and marks is not None
                   else None),
         test_metrics=_test_metrics(challenger) if challenger else None,
