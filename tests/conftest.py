@@ -87,17 +87,30 @@ def airflow_db() -> str:
     return AIRFLOW_HOME
 
 
-@pytest.hookimpl(tryfirst=True)
+LONGEST_FIRST = ("system", "tests/journeys/test_readme_commands.py")
+
+
+def _group(nodeid: str) -> str:
+    """A test's group: its module; every system test is one group ("system")."""
+    module = nodeid.split("::")[0]
+    return "system" if module.startswith("tests/system/") else module
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """``./dev test``'s two pytest-xdist workers get whole groups (``_group``): a module's
+    tests run on one worker, in order, sharing its module fixtures, and the system tests
+    of every module share one ``./dev airflow`` stack. (xdist's own ``loadgroup`` marks
+    do nothing with pytest 9: it renames ``item._nodeid``, which pytest 9 no longer reads.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByGroup(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _group(nodeid)
+
+    return ByGroup(config, log)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Groups for ``./dev test``'s two pytest-xdist workers (``--dist loadgroup``): a
-    module's tests run on one worker, in order, sharing its module fixtures; the system
-    tests of every module share one ``./dev airflow`` stack, so they are one group. The
-    two longest groups (minutes each) go first, so that they do not start last."""
-    groups = {}
-    for item in items:
-        module = item.nodeid.split("::")[0]
-        groups[item] = "system" if module.startswith("tests/system/") else module
-        item.add_marker(pytest.mark.xdist_group(groups[item]))
-    first = ("system", "tests/journeys/test_readme_commands.py")
-    items.sort(key=lambda item: first.index(groups[item]) if groups[item] in first
-               else len(first))
+    """The two longest groups (minutes each) first, so that they do not start last."""
+    items.sort(key=lambda item: LONGEST_FIRST.index(_group(item.nodeid))
+               if _group(item.nodeid) in LONGEST_FIRST else len(LONGEST_FIRST))
