@@ -91,22 +91,28 @@ LONGEST_FIRST = ("system", "tests/journeys/test_readme_commands.py")
 
 
 def _group(nodeid: str) -> str:
-    """A test's group: its module; every system test is one group ("system")."""
+    """A test's group: every system test is one group ("system"); an integration test is
+    a group of its own (they share nothing wider than the session, and the long ones
+    spread over both workers); any other test, its module (module fixtures, order)."""
     module = nodeid.split("::")[0]
-    return "system" if module.startswith("tests/system/") else module
+    if module.startswith("tests/system/"):
+        return "system"
+    return nodeid if module.startswith("tests/integration/") else module
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
-    """``./dev test``'s two pytest-xdist workers get whole groups (``_group``): a module's
-    tests run on one worker, in order, sharing its module fixtures, and the system tests
-    of every module share one ``./dev airflow`` stack. (xdist's own ``loadgroup`` marks
-    do nothing with pytest 9: it renames ``item._nodeid``, which pytest 9 no longer reads.)"""
+    """``./dev test``'s two pytest-xdist workers get whole groups (``_group``), each run
+    on one worker, in order. (xdist's own ``loadgroup`` marks do nothing with pytest 9:
+    it renames ``item._nodeid``, which pytest 9 no longer reads.)"""
     from xdist.scheduler import LoadScopeScheduling
 
     class ByGroup(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             return _group(nodeid)
 
+    # In collection order (pytest_collection_modifyitems puts the longest first), not
+    # xdist's default of the groups with the most tests first: those are quick ones.
+    config.option.loadscopereorder = False
     return ByGroup(config, log)
 
 

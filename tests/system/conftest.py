@@ -32,7 +32,11 @@ def browser():
     modules use asyncio or Playwright themselves."""
     if not Path(CHROMIUM).exists():
         pytest.skip(f"no Chromium at {CHROMIUM} (./dev test installs Debian's package)")
-    from playwright.sync_api import sync_playwright
+    from playwright.sync_api import expect, sync_playwright
+
+    # Assertions wait as long as actions (30 s), not Playwright's 5 s: on a loaded
+    # 2-core machine the UI can take longer than that to draw a page.
+    expect.set_options(timeout=30_000)
 
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM,
