@@ -43,6 +43,8 @@ def _kind(spec: FieldSpec) -> dict[str, Any]:
         return {"action": argparse.BooleanOptionalAction}
     if spec.type == "array":
         return {"nargs": "*", "metavar": "VALUE"}
+    if spec.type == "object":
+        return {"type": _json_object, "metavar": "JSON"}
     if spec.type == "integer":
         return {"type": int, "metavar": "N"}
     if spec.type == "number":
@@ -51,6 +53,17 @@ def _kind(spec: FieldSpec) -> dict[str, Any]:
         return {"type": lambda v: v or None, "metavar": "TEXT"}
     return {"metavar": "{" + ",".join(spec.rules["enum"]) + "}" if "enum" in spec.rules
             else "TEXT"}
+
+
+def _json_object(text: str) -> Any:
+    """A JSON object flag (``--model-args '{"width": 32}'``); the config checks its values."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not JSON: {text!r}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"not a JSON object: {text!r}")
+    return value
 
 
 def _help(spec: FieldSpec) -> str:

@@ -86,7 +86,17 @@ def _format_checks() -> dict[str, Any]:
                 lambda v, p=pattern, o=optional: not isinstance(v, str)
                 or (o and v == "") or re.fullmatch(p, v) is not None)
     checks[DEVICE_FORMAT] = lambda v: not isinstance(v, str) or re.fullmatch(DEVICE_PATTERN, v)
+    model = next(spec for spec in form_fields() if spec.path == "model.name")
+    checks[format_name(model)] = _is_model
     return checks
+
+
+def _is_model(value: Any) -> bool:
+    """The form refuses a model name that no model has (a built-in or installed one; a
+    module:function reference is checked when the run starts, where it is imported)."""
+    from training.train.models import REFERENCE, names
+
+    return not isinstance(value, str) or value in names() or bool(REFERENCE.match(value))
 
 
 def register_formats() -> None:
@@ -108,6 +118,10 @@ def _param(spec: FieldSpec) -> Param:
         del schema["pattern"]
     if spec.type == "array":
         schema["items"] = {"type": "string", "format": DEVICE_FORMAT}
+    if spec.path == "model.name":  # a text field that suggests the models there are
+        from training.train.models import names
+
+        schema["examples"] = names()
     title = TITLES.get(spec.key, spec.key.replace("_", " ").capitalize())
     return Param(default, title=title,
                  description=description, section=SECTION_TITLES[spec.section], **schema)

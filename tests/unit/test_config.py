@@ -1,4 +1,5 @@
 import json
+import re
 
 import pytest
 
@@ -11,7 +12,7 @@ from training.errors import ConfigError
     [
         ({"epochs": 0}, "fit.epochs must be between 1 and 1000, got 0"),
         ({"batch_size": -1}, "fit.batch_size must be between 1 and 65536, got -1"),
-        ({"model": "nope"}, "model.name must be one of 'mlp', 'cnn', got 'nope'"),
+        ({"model": "nope"}, "model.name 'nope' is not a model: built in mlp, cnn"),
         ({"lr_scaling": "cubic"}, "fit.lr_scaling must be one of 'none', 'linear', 'sqrt'"),
         ({"learning_rate": 0}, "fit.learning_rate must be greater than 0.0"),
         ({"learning_rate": float("nan")}, "fit.learning_rate must be a finite number, got nan"),
@@ -87,7 +88,9 @@ def test_schema_exports_every_field_with_type_default_bounds_enum_description():
     epochs = fit["properties"]["epochs"]
     assert epochs == {"type": "integer", "default": 30, "minimum": 1, "maximum": 1000,
                       "description": "Maximum number of epochs."}
-    assert schema["properties"]["model"]["properties"]["name"]["enum"] == ["mlp", "cnn"]
+    model = schema["properties"]["model"]["properties"]
+    assert "enum" not in model["name"] and re.fullmatch(model["name"]["pattern"], "pkg.mod:fn")
+    assert model["args"]["type"] == "object" and model["args"]["default"] == {}
     assert schema["properties"]["fit"]["properties"]["learning_rate"]["exclusiveMinimum"] == 0
     flat = json_schema(flat=True)["properties"]
     assert set(flat) == {s.key for s in flat_fields()}

@@ -34,7 +34,8 @@ def test_cnn_is_the_seed_cifar_network_layer_for_layer():
 
 
 def test_unknown_model_is_a_config_error():
-    with pytest.raises(ConfigError, match="model.name must be one of mlp, cnn, got 'nope'"):
+    with pytest.raises(ConfigError, match="model.name 'nope' is not a model: built in mlp, "
+                                          "cnn; installed"):
         models.build("nope", (8, 8, 1), 10)
 
 

@@ -23,7 +23,8 @@ from typing import Any
 
 from training.errors import ConfigError, shown
 
-JSON_TYPES = {int: "integer", float: "number", bool: "boolean", str: "string"}
+JSON_TYPES = {int: "integer", float: "number", bool: "boolean", str: "string", dict: "object"}
+OBJECT_WORDS = "an object of names to numbers, strings or booleans"
 RULES = ("minimum", "maximum", "exclusive_minimum", "enum", "pattern")
 
 
@@ -38,8 +39,8 @@ def setting(default: Any, description: str, *, key: str | None = None,
     Airflow trigger form.
     """
     meta = {"description": description, "key": key, "deployment": deployment, **rules}
-    if isinstance(default, list):
-        return field(default_factory=lambda: list(default), metadata=meta)
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata=meta)
     return field(default=default, metadata=meta)
 
 
@@ -62,7 +63,7 @@ def allowed(rules: Mapping[str, Any], kind: str) -> str:
     if rules.get("says"):
         return rules["says"]
     return {"integer": "an integer", "number": "a number", "boolean": "true or false",
-            "array": "a list of strings"}.get(kind, "a string")
+            "array": "a list of strings", "object": OBJECT_WORDS}.get(kind, "a string")
 
 
 class Section:
@@ -84,6 +85,8 @@ def field_type(f: dataclasses.Field) -> tuple[type, bool]:
     """(base type, is list) of a field, from its annotation string."""
     ann = str(f.type).replace(" ", "")
     is_list = ann.startswith("list[")
+    if ann.startswith("dict["):
+        return dict, False
     base = ann.removeprefix("list[").removesuffix("]").replace("|None", "")
     return {"int": int, "float": float, "bool": bool, "str": str}[base], is_list
 
@@ -100,6 +103,12 @@ def check_value(section: str, f: dataclasses.Field, value: Any) -> Any:
         if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
             raise ConfigError(f"{name} must be a list of strings, got {shown(value)}")
         return list(value)
+    if kind is dict:
+        if not isinstance(value, Mapping) or not all(
+                isinstance(k, str) and isinstance(v, (int, float, bool, str))
+                for k, v in value.items()):
+            raise ConfigError(f"{name} must be {OBJECT_WORDS}, got {shown(value)}")
+        return dict(value)
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
     if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
@@ -129,7 +138,7 @@ class FieldSpec:
     section: str
     name: str
     key: str
-    type: str  # "integer" | "number" | "boolean" | "string" | "array"
+    type: str  # "integer" | "number" | "boolean" | "string" | "array" | "object"
     default: Any
     description: str
     nullable: bool
@@ -140,7 +149,7 @@ class FieldSpec:
     @property
     def optional(self) -> bool:
         """Empty by default: the field may be left out (empty or null means not set)."""
-        return self.default in ("", None, [])
+        return self.default in ("", None, [], {})
 
     @property
     def path(self) -> str:
@@ -181,6 +190,8 @@ def property_schema(spec: FieldSpec) -> dict[str, Any]:
     }
     if spec.type == "array":
         prop["items"] = {"type": "string"}
+    if spec.type == "object":
+        prop["additionalProperties"] = {"type": ["string", "number", "integer", "boolean"]}
     rules = dict(spec.rules)
     if "exclusive_minimum" in rules:
         prop["exclusiveMinimum"] = rules.pop("exclusive_minimum")

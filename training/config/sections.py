@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from training.config.data import DatasetConfig, ValidationConfig
 from training.config.schema import Section, setting
 from training.errors import ConfigError
 from training.layout import NAME_PATTERN, NAME_WORDS
-from training.train.models import MODELS
+from training.train.models import MODELS, REFERENCE, check_args, resolve
 
 MAX_WORKERS = 64  # also bounds the Kubernetes Job's pod names
 DEVICE_PATTERN = r"(/job:\w+(/replica:\d+)?(/task:\d+)?)?/?(device:)?(CPU|GPU|TPU|cpu|gpu|tpu):\d+"
@@ -21,9 +22,22 @@ class ModelConfig(Section):
     SECTION = "model"
 
     name: str = setting(
-        "mlp", "Model architecture from the model registry (training/train/models.py).",
-        key="model", enum=list(MODELS),
+        "mlp", "Model: a built-in one (" + ", ".join(MODELS) + "), an installed "
+        "package's (entry point group training.models) or a package.module:function "
+        "reference (training/train/models/).",
+        key="model", pattern=r"^[a-z][a-z0-9_]*$|" + REFERENCE.pattern,
+        says="a model that is built in or installed, or a package.module:function "
+             "reference",
     )
+    args: dict[str, Any] = setting(
+        {}, "The model's own arguments, checked against its builder's keyword-only "
+        "arguments before anything runs (e.g. {\"width\": 32}).", key="model_args",
+    )
+
+    def _check_section(self) -> None:
+        """The model exists and takes these arguments (its builder is loaded: for an
+        installed or referenced model, the user's module is imported here)."""
+        check_args(self.name, resolve(self.name), self.args)
 
 
 @dataclass(frozen=True)

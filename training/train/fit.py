@@ -244,7 +244,8 @@ def _train(cfg: RunConfig, staged: StagedDataset, resolved: Any,
                           shuffle=False, seed=cfg.fit.seed)
 
     with resolved.strategy.scope():
-        model = models.build(cfg.model.name, info["input_shape"], info["num_classes"])
+        model = models.build(cfg.model.name, info["input_shape"], info["num_classes"],
+                             cfg.model.args)
         model.compile(
             optimizer=keras.optimizers.Adam(learning_rate=resolved.learning_rate),
             loss="sparse_categorical_crossentropy",

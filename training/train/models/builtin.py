@@ -1,38 +1,13 @@
-"""Model builders by name. Adding a model is one decorated function.
+"""The built-in models: the seed's MLP and CIFAR CNN (registered by name in ``__init__``).
 
-Every builder takes the dataset's image shape and class count and returns an
-uncompiled Keras model whose input is raw pixels (uint8, 0-255): scaling happens in
-a ``Rescaling`` layer, so the exported model serves raw images.
-
-Keras is imported inside the builders, so ``import training.train.models`` stays cheap and
-the config can list the registered names.
+Keras is imported inside the builders, so importing this module stays cheap.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
-Builder = Callable[[tuple[int, ...], int], Any]
-MODELS: dict[str, Builder] = {}
-
-
-def register(name: str) -> Callable[[Builder], Builder]:
-    def add(builder: Builder) -> Builder:
-        if name in MODELS:
-            raise ValueError(f"model {name!r} is already registered")
-        MODELS[name] = builder
-        return builder
-
-    return add
-
-
-def build(name: str, input_shape: tuple[int, ...], num_classes: int) -> Any:
-    from training.errors import ConfigError
-
-    if name not in MODELS:
-        raise ConfigError(f"model.name must be one of {', '.join(MODELS)}, got {name!r}")
-    return MODELS[name](tuple(input_shape), int(num_classes))
+from training.train.models import register
 
 
 def _inputs(input_shape: tuple[int, ...]) -> tuple[Any, Any]:

@@ -1,0 +1,163 @@
+"""Models by name: built in, from an installed package, or a ``module:function``.
+
+``model.name`` finds a builder in this order:
+
+1. the built-in registry (``builtin.py``: ``mlp``, ``cnn``; ``@register("name")``);
+2. an installed package's entry point in the group ``training.models``
+   (``[project.entry-points."training.models"] tiny = "my_models:tiny"``);
+3. an explicit ``package.module:function`` reference.
+
+**The contract.** A builder is ``builder(input_shape, num_classes, *, **args)``: the
+dataset's image shape (height, width, channels; the input is raw uint8 pixels) and its
+class count, plus its own keyword-only arguments, each with a default and an annotation
+of ``int``, ``float``, ``bool`` or ``str``: they are ``model_args`` in the config, and
+``check_args`` validates them against that declaration before anything runs. It returns
+an uncompiled ``keras.Model`` whose output is ``(batch, num_classes)`` probabilities;
+compiling, the strategy scope, mixed precision and the float32 output stay the
+product's. Custom layers are registered with ``keras.saving.register_keras_serializable``
+(never a ``Lambda``), so exported models load with ``safe_mode=True``.
+
+Every refusal is one ``ConfigError`` line that names the model.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import re
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from training.errors import ConfigError, shown
+
+Builder = Callable[..., Any]
+MODELS: dict[str, Builder] = {}  # the built-in registry
+ENTRY_POINT_GROUP = "training.models"
+REFERENCE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
+_KINDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+
+
+def register(name: str) -> Callable[[Builder], Builder]:
+    def add(builder: Builder) -> Builder:
+        if name in MODELS:
+            raise ValueError(f"model {name!r} is already registered")
+        MODELS[name] = builder
+        return builder
+
+    return add
+
+
+def installed() -> dict[str, Any]:
+    """Installed packages' models: entry points of ``training.models``, by name (not
+    loaded: listing them imports nothing)."""
+    from importlib.metadata import entry_points
+
+    return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def names() -> list[str]:
+    """Every model a name can pick: built in first, then installed ones."""
+    return list(MODELS) + sorted(set(installed()) - set(MODELS))
+
+
+def resolve(name: str) -> Builder:
+    """The builder ``name`` picks (module doc), or ConfigError naming it."""
+    if name in MODELS:
+        return MODELS[name]
+    plugins = installed()
+    if name in plugins:
+        return _loaded(name, lambda: plugins[name].load(),
+                       f"entry point {plugins[name].value!r}")
+    if REFERENCE.match(name):
+        module, _, function = name.partition(":")
+        return _loaded(name, lambda: getattr(importlib.import_module(module), function),
+                       "the reference")
+    raise ConfigError(
+        f"model.name {name!r} is not a model: built in {', '.join(MODELS)}; installed "
+        f"{', '.join(sorted(plugins)) or '(none)'}; or a reference like my_pkg.models:build")
+
+
+def _loaded(name: str, load: Callable[[], Any], what: str) -> Builder:
+    try:
+        builder = load()
+    except Exception as exc:  # an import error, a missing attribute: user code
+        raise ConfigError(f"model {name!r}: cannot load {what} ({type(exc).__name__}: "
+                          f"{shown(exc)})") from None
+    if not callable(builder):
+        raise ConfigError(f"model {name!r}: {what} is {type(builder).__name__}, not a "
+                          "builder function")
+    return builder
+
+
+def parameters(name: str, builder: Builder) -> dict[str, tuple[type, Any]]:
+    """The builder's own arguments: keyword-only, annotated, with defaults."""
+    try:
+        signature = inspect.signature(builder)
+        hints = inspect.get_annotations(builder, eval_str=True)
+    except (TypeError, ValueError, NameError) as exc:
+        raise ConfigError(f"model {name!r}: cannot read the builder's signature "
+                          f"({shown(exc)})") from None
+    positional = [p for p in signature.parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if len(positional) != 2:
+        raise ConfigError(f"model {name!r}: a builder takes (input_shape, num_classes) and "
+                          f"keyword-only arguments, its signature is {signature}")
+    declared = {}
+    for param in signature.parameters.values():
+        if param.kind is not param.KEYWORD_ONLY:
+            continue
+        kind = hints.get(param.name)
+        if kind not in _KINDS or param.default is param.empty:
+            raise ConfigError(f"model {name!r}: argument {param.name!r} needs a default and "
+                              "an annotation of int, float, bool or str")
+        declared[param.name] = (kind, param.default)
+    return declared
+
+
+def check_args(name: str, builder: Builder, args: Mapping[str, Any]) -> dict[str, Any]:
+    """``args`` checked against the builder's declaration; every argument, defaults
+    filled in. ConfigError names the model, the argument, the value and what is allowed."""
+    declared = parameters(name, builder)
+    listed = ", ".join(f"{k} ({t.__name__}, default {d!r})" for k, (t, d) in
+                       declared.items()) or "none"
+    out = {k: d for k, (_, d) in declared.items()}
+    for key, value in args.items():
+        if key not in declared:
+            raise ConfigError(f"model.args: {key!r} is not an argument of model "
+                              f"{name!r}; its arguments: {listed}")
+        kind = declared[key][0]
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
+            raise ConfigError(f"model.args.{key} of model {name!r} must be "
+                              f"{_KINDS[kind]}, got {shown(value)} ({type(value).__name__})")
+        out[key] = value
+    return out
+
+
+def build(name: str, input_shape: tuple[int, ...], num_classes: int,
+          args: Mapping[str, Any] | None = None) -> Any:
+    """The uncompiled model ``name`` builds for this data, checked: a Keras model whose
+    output is (batch, num_classes). ConfigError names the model when it is not."""
+    import keras
+
+    builder = resolve(name)
+    arguments = check_args(name, builder, args or {})
+    try:
+        model = builder(tuple(input_shape), int(num_classes), **arguments)
+    except Exception as exc:
+        raise ConfigError(f"model {name!r} failed to build for input {tuple(input_shape)} "
+                          f"and {num_classes} classes ({type(exc).__name__}: "
+                          f"{shown(exc)})") from None
+    if not isinstance(model, keras.Model):
+        raise ConfigError(f"model {name!r} returned {type(model).__name__}, not a "
+                          "keras.Model")
+    shape = tuple(model.outputs[0].shape) if len(model.outputs) == 1 else None
+    if shape is None or len(shape) != 2 or shape[-1] != num_classes:
+        raise ConfigError(f"model {name!r} outputs {shape or len(model.outputs)}; the "
+                          f"dataset has {num_classes} classes: it must output (batch, "
+                          f"{num_classes})")
+    return model
+
+
+from training.train.models import builtin  # noqa: E402,F401  (registers mlp and cnn)
