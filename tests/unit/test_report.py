@@ -153,7 +153,8 @@ def test_the_holdout_scores_and_the_data_checks_are_reported(tmp_path):
     assert "<td>schema</td><td>passed</td>" in checks
     assert "<td>failed</td>" in table(page, "data-about")
     assert "<td>cat</td><td>30</td><td>3</td>" in table(page, "data-classes")
-    assert "<td>train</td><td>train</td><td>40</td><td>200.0</td>" in table(page, "data-splits")
+    assert "<td>train</td><td>train</td><td>40</td><td>200.00</td><td>20.00</td>" in table(
+        page, "data-splits")
 
 
 def test_plot_marks_are_the_history_epochs(tmp_path):

@@ -52,9 +52,10 @@ class DatasetConfig(Section):
         says="empty, or height x width x channels like 28x28x1 (channels 1, 3 or 4)",
     )
     until: str | None = setting(
-        None, "Last partition date staged (included), YYYY-MM-DD; empty: the last day "
-        "that is over when the Airflow run's data interval ends (for a nightly run, "
-        "yesterday), or every partition from the CLI.", key="data_until",
+        None, "Last partition date staged (included), YYYY-MM-DD; empty: the latest "
+        "partition the triggering labelled_data events landed, else the last day that is "
+        "over when the Airflow run's data interval ends (for a nightly run, yesterday), "
+        "or every partition from the CLI.", key="data_until",
         nullable=True, pattern=r"^\d{4}-\d{2}-\d{2}$", says="a date like 2026-12-01",
     )
     window_days: int = setting(

@@ -164,6 +164,11 @@ def _holdout(evaluation: Mapping[str, Any]) -> dict[str, Any] | None:
     }
 
 
+def _rounded(values: list[float] | None) -> list[str] | None:
+    """Per-channel pixel statistics (0-255) to two decimals."""
+    return [f"{v:.2f}" for v in values] if values else None
+
+
 def _at(values: list[Any] | None, index: int) -> Any:
     return values[index] if values and index < len(values) else None
 
@@ -184,8 +189,8 @@ def _data(data_stats: Mapping[str, Any]) -> dict[str, Any]:
         "checks": [(c.get("name"), "passed" if c.get("passed") else "FAILED", c.get("detail"))
                    for c in verdict.get("checks", [])],
         "split_headers": ["split", "read as", "examples", "pixel mean", "pixel std"],
-        "splits": [(n, s.get("split"), s.get("num_examples"), s.get("pixel_mean"),
-                    s.get("pixel_std")) for n, s in splits.items()],
+        "splits": [(n, s.get("split"), s.get("num_examples"), _rounded(s.get("pixel_mean")),
+                    _rounded(s.get("pixel_std"))) for n, s in splits.items()],
         "class_headers": ["class", *splits],
         "classes": [(name, *(_at(s.get("class_counts"), i) for s in splits.values()))
                     for i, name in enumerate(names)],
