@@ -303,3 +303,31 @@ def test_rules_refuse_bad_values_naming_field_value_and_what_is_allowed(field, v
     with pytest.raises(ConfigError) as raised:
         ValidationRules(**values)
     assert str(raised.value).startswith(message)
+
+
+def test_a_new_day_is_checked_for_drift_on_its_own_and_an_old_day_is_not(stats):
+    """A team's data: the train split hardly moves when one new day of three is
+    skewed, but that day compared alone with production's train split does."""
+    reference = json.loads(json.dumps(stats["reference"]))
+    ref_train = reference["splits"]["train"]
+    day = {"num_examples": 30, "class_counts": list(ref_train["class_counts"]),
+           "pixel_mean": list(ref_train["pixel_mean"]),
+           "pixel_std": list(ref_train["pixel_std"])}
+    reference["partitions"] = {"dt=2026-11-28": day}
+    skewed = {**day, "class_counts": [30] + [0] * (len(day["class_counts"]) - 1)}
+    mine = {**reference, "partitions": {"dt=2026-11-28": day, "dt=2026-11-29": day,
+                                        "dt=2026-11-30": skewed}}
+    verdict = validate(mine, rules=RULES, reference=reference)
+    drift = _check(verdict, "drift")
+    assert not drift["passed"]
+    assert set(drift["measured"]) == {"the train split", "dt=2026-11-29", "dt=2026-11-30"}
+    assert drift["measured"]["the train split"]["label_distance"] == 0.0
+    assert drift["measured"]["dt=2026-11-29"]["label_distance"] == 0.0
+    assert verdict["reasons"] == [
+        f"drift: dt=2026-11-30: label distribution moved by "
+        f"{drift['measured']['dt=2026-11-30']['label_distance']:.2f} (Jensen-Shannon "
+        "distance), more than the threshold 0.20"]
+    # Once production was trained on that day too, it is not new: not compared alone.
+    reference["partitions"]["dt=2026-11-30"] = skewed
+    again = _check(validate(mine, rules=RULES, reference=reference), "drift")
+    assert set(again["measured"]) == {"the train split", "dt=2026-11-29"}
