@@ -76,7 +76,7 @@ def markdown_table() -> str:
     rows = ["| key (`--flag`) | section.field | type | default | allowed | description |",
             "|---|---|---|---|---|---|"]
     for s in flat_fields():
-        default = "empty" if s.default in ("", None, []) else f"`{json.dumps(s.default)}`"
+        default = "empty" if s.optional else f"`{json.dumps(s.default)}`"
         where = " (deployment)" if s.deployment else ""
         rows.append(f"| `{s.key}` | {s.path}{where} | {s.type} | {default} | {s.allowed} "
                     f"| {s.description} |")

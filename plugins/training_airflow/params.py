@@ -188,7 +188,7 @@ def config_for_run(params: Mapping[str, Any], airflow_run_id: str,
                                   + ", ".join(sorted(settable)))
         # Empty or null in an optional field means "not set": the library's default.
         values = {k: v for k, v in params.items()
-                  if not (settable[k].optional and v in ("", None, []))}
+                  if not (settable[k].optional and v in ("", None, [], {}))}
         return RunConfig.from_flat({**values, **deployment_settings(env),
                                     "run_id": run_id_for(airflow_run_id)})
     except ConfigError as exc:
@@ -231,7 +231,7 @@ def form_markdown() -> str:
     for spec in sorted(form_fields(), key=lambda s: list(SECTION_TITLES).index(s.section)):
         allowed = ("device names like /gpu:0 or /cpu:0, one per line in the form"
                    if spec.type == "array" else spec.allowed)
-        default = "empty" if spec.default in ("", None, []) else f"`{json.dumps(spec.default)}`"
+        default = "empty" if spec.optional else f"`{json.dumps(spec.default)}`"
         rows.append(f"| {SECTION_TITLES[spec.section]} | `{spec.key}` | {spec.type} "
                     f"| {default} | {allowed} |")
     return "\n".join(rows)
