@@ -9,6 +9,7 @@ import sys
 import threading
 
 import pytest
+from support.s3server import MotoServer
 
 from training.errors import ConflictError, IntegrityError, StorageError
 from training.registry import open_store
@@ -87,9 +88,24 @@ def test_unsafe_keys_are_refused(store, key):
     assert store.list("") == []
 
 
+@pytest.fixture(params=["file", "s3"])
+def race_store(request, tmp_path):
+    """A local store, or a bucket on a moto server that answers one request at a time
+    (``MotoServer(serialized=True)``: threaded moto races its own conditional writes)."""
+    if request.param == "file":
+        yield FileStore(tmp_path / "store")
+        return
+    server = MotoServer(serialized=True)
+    server.start()
+    try:
+        yield S3Store(server.create_bucket(), "team/prefix", server.options())
+    finally:
+        server.kill()
+
+
 @pytest.mark.parametrize("mode", ["create", "replace"])
-def test_concurrent_conditional_writes_have_one_winner(store, mode):
-    threads_n, rounds = 6, 5
+def test_concurrent_conditional_writes_have_one_winner(race_store, mode):
+    store, threads_n, rounds = race_store, 6, 5
     for r in range(rounds):
         key = f"race/{mode}/{r}"
         etag = None if mode == "create" else store.put_bytes(key, b"base")

@@ -23,6 +23,16 @@ DUMMY_KEY = "testing-key-id"
 DUMMY_SECRET = "testing-secret"
 
 
+# moto.server's main with werkzeug's run_simple told threaded=False.
+SERIALIZED = """
+import sys
+import moto.server as server
+import werkzeug.serving as serving
+server.run_simple = lambda *a, **k: serving.run_simple(*a, **{**k, "threaded": False})
+server.main(sys.argv[1:])
+"""
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -32,7 +42,11 @@ def free_port() -> int:
 class MotoServer:
     """moto.server in a child process that tests can kill and restart."""
 
-    def __init__(self, port: int | None = None):
+    def __init__(self, port: int | None = None, *, serialized: bool = False):
+        """``serialized``: one request at a time. moto's server is threaded and checks
+        a conditional write (If-None-Match, If-Match) and writes in two steps, so
+        racing writers can both win there; S3 itself decides atomically."""
+        self.serialized = serialized
         self.port = port or free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen | None = None
@@ -44,8 +58,11 @@ class MotoServer:
             "AWS_SECRET_ACCESS_KEY": DUMMY_SECRET,
             "AWS_DEFAULT_REGION": REGION,
         }
+        command = [sys.executable, "-m", "moto.server"]
+        if self.serialized:
+            command = [sys.executable, "-c", SERIALIZED]
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+            [*command, "-H", "127.0.0.1", "-p", str(self.port)],
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
