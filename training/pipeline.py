@@ -44,8 +44,7 @@ def open_registry(cfg: RunConfig, options: S3Options | None = None) -> ModelRegi
     return ModelRegistry(open_store(cfg.storage.store_uri, options))
 
 
-def _test_split(staged: StagedDataset, seed: int) -> Any:
-    builder = load_builder(staged)
+def _test_split(builder: Any, seed: int) -> Any:
     return make_dataset(builder, "test", global_batch_size=TEST_BATCH, shuffle=False,
                         seed=seed)
 
@@ -79,14 +78,13 @@ def evaluate(cfg: RunConfig, staged: StagedDataset, registry: ModelRegistry, *,
         return _evaluate(cfg, staged, registry, run_dir, data_stats, holdout_options)
 
 
-def _holdout(cfg: RunConfig, staged: StagedDataset, options: S3Options | None) -> Any:
+def _holdout(cfg: RunConfig, builder: Any, options: S3Options | None) -> Any:
     """The pinned holdout as a dataset and its description; (None, None) without one."""
     if not cfg.promotion.holdout_uri:
         return None, None
     from training.data.holdout import as_dataset, load_holdout
     from training.data.statistics import label_names
 
-    builder = load_builder(staged)
     image = builder.info.features[(builder.info.supervised_keys or ("image",))[0]]
     holdout = load_holdout(cfg.promotion.holdout_uri, options, tuple(image.shape),
                            label_names(builder))
@@ -107,8 +105,9 @@ def _evaluate(cfg: RunConfig, staged: StagedDataset, registry: ModelRegistry,
     if data_stats is not None:  # validate_data's, published with the version
         (out / layout.DATA_STATS).write_text(json.dumps(data_stats, indent=2) + "\n")
     staging.verify(staged)
-    test = _test_split(staged, cfg.fit.seed)
-    holdout_data, holdout = _holdout(cfg, staged, holdout_options)
+    builder = load_builder(staged)
+    test = _test_split(builder, cfg.fit.seed)
+    holdout_data, holdout = _holdout(cfg, builder, holdout_options)
     model = _load(out / layout.MODEL_FILE)
     challenger = evaluate_model(model, test)
     if holdout is not None:

@@ -205,11 +205,12 @@ def run_day(context: Mapping[str, Any]) -> str:
     From the run, never the clock."""
     from datetime import timedelta
 
+    from training.data.images import PARTITION
+
     landed = [extra["partition"][3:]
               for events in (context.get("triggering_asset_events") or {}).values()
               for extra in (getattr(event, "extra", None) for event in events)
-              if isinstance(extra, dict)
-              and re.fullmatch(r"dt=\d{4}-\d{2}-\d{2}", str(extra.get("partition")))]
+              if isinstance(extra, dict) and PARTITION.match(str(extra.get("partition")))]
     if landed:
         return max(landed)
     end = context.get("data_interval_end") or context["dag_run"].run_after

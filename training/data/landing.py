@@ -267,8 +267,8 @@ def execute(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None, prog: str | None = None) -> int:
-    args = (build_parser(prog) if prog else build_parser()).parse_args(argv)
+def main(argv: list[str] | None = None, prog: str = "python -m training.data.landing") -> int:
+    args = build_parser(prog).parse_args(argv)
     return run_command(lambda: execute(args))
 
 
