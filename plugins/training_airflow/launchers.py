@@ -75,6 +75,13 @@ def run_child(operator: Any, command: list[str], env: dict[str, str],
     return child.wait(), error
 
 
+def _s3_uri(cfg: Any) -> str:
+    """The run's first s3:// location the training process reads (the store, else the
+    backbone's weights): its credentials come from the same connection."""
+    uris = (cfg.storage.store_uri, cfg.model.weights)
+    return next((uri for uri in uris if uri.startswith("s3://")), "")
+
+
 def launch_local(operator: Any, cfg: Any, context: Any) -> dict[str, Any]:
     from airflow.sdk.exceptions import AirflowFailException
 
@@ -87,7 +94,7 @@ def launch_local(operator: Any, cfg: Any, context: Any) -> dict[str, Any]:
     staged_path = output_dir / f"{cfg.run_id}.staged.json"  # stage_dataset's XCom
     staged_path.write_text(json.dumps(operator.staged))
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1",
-           **subprocess_env(s3_options(cfg.storage.store_uri, aws_conn_id()))}
+           **subprocess_env(s3_options(_s3_uri(cfg), aws_conn_id()))}
     command = [sys.executable, "-m", "training", "train", "--config", os.fspath(config_path),
                "--staged", os.fspath(staged_path)]
     operator.log.info("starting the training process (TensorFlow loads for about 15 s "

@@ -31,13 +31,42 @@ class ModelConfig(Section):
     )
     args: dict[str, Any] = setting(
         {}, "The model's own arguments, checked against its builder's keyword-only "
-        "arguments before anything runs (e.g. {\"width\": 32}).", key="model_args",
+        "arguments before anything runs. The backbones (mobilenet_v3_small, "
+        "efficientnet_b0, resnet50) take image_size (32-1024, default 96), dropout "
+        "(0.2), flip (false), rotation and zoom (0.0), e.g. {\"image_size\": 64, "
+        "\"flip\": true}.", key="model_args",
+    )
+    weights: str = setting(
+        "", "Pretrained weights for the model's backbone: a path or s3:// URI of a "
+        ".weights.h5 file saved from it (nothing is downloaded); empty: random.",
+        key="model_weights", pattern=r"^$|^\S+\.weights\.h5$",
+        says="empty, or a path or s3:// URI of a .weights.h5 file",
+    )
+    freeze_epochs: int = setting(
+        0, "Epochs the backbone stays frozen while the head trains; then its top "
+        "unfreeze_layers layers train at fine_tune_lr_factor times the learning rate "
+        "(0: no schedule, everything trains).", key="freeze_epochs", minimum=0,
+        maximum=1000,
+    )
+    unfreeze_layers: int = setting(
+        0, "Layers at the top of the backbone that train after freeze_epochs "
+        "(BatchNormalization stays frozen); 0: all of them.", key="unfreeze_layers",
+        minimum=0, maximum=10_000,
+    )
+    fine_tune_lr_factor: float = setting(
+        0.1, "Learning-rate multiplier applied once when the backbone unfreezes.",
+        key="fine_tune_lr_factor", exclusive_minimum=0.0, maximum=1.0,
     )
 
     def _check_section(self) -> None:
         """The model exists and takes these arguments (its builder is loaded: for an
         installed or referenced model, the user's module is imported here)."""
         check_args(self.name, resolve(self.name), self.args)
+        if self.unfreeze_layers and not self.freeze_epochs:
+            raise ConfigError(
+                f"model.unfreeze_layers is {self.unfreeze_layers} but model.freeze_epochs "
+                "is 0: set freeze_epochs to the epochs the backbone stays frozen first, "
+                "or unfreeze_layers to 0")
 
 
 @dataclass(frozen=True)

@@ -39,19 +39,19 @@ from training.errors import ConfigError
 from training.layout import TRAINED, model_dir
 from training.locks import claim_run
 from training.train import compat, models
+from training.train.export import export
+from training.train.models import pretrained
 from training.train.strategy import precision_policy, resolve, steps_per_execution
 
 log = logging.getLogger(__name__)
 
 
-def make_callbacks(fit: FitConfig, run_dir: Path) -> list[Any]:
+def make_callbacks(fit: FitConfig, run_dir: Path, tuning: Sequence[Any] = ()) -> list[Any]:
     """NaN guard, EarlyStopping, ReduceLROnPlateau, best checkpoint, CSV and TensorBoard
-    logs, backup.
-
-    The logs come after ReduceLROnPlateau, which adds the learning rate to each epoch's
-    logs. The backup (``ResumableBackup``) comes after the callbacks whose state it saves
-    and restores: see ``training.train.callbacks.backup`` for why the order matters.
-    """
+    logs, ``tuning`` (the fine-tuning schedule), backup: the logs after ReduceLROnPlateau,
+    which adds the learning rate to each epoch's logs; the backup (``ResumableBackup``)
+    after the callbacks whose state it saves and restores, the schedule just before it
+    (why the order matters: ``training.train.callbacks.backup`` and ``fine_tune``)."""
     import keras
 
     from training.train.callbacks.backup import ResumableBackup
@@ -90,6 +90,7 @@ def make_callbacks(fit: FitConfig, run_dir: Path) -> list[Any]:
                                   append=True),
         keras.callbacks.TensorBoard(os.fspath(model_dir(run_dir) / layout.TENSORBOARD_DIR),
                                     update_freq="epoch", write_graph=False, profile_batch=0),
+        *tuning,
         ResumableBackup(run_dir / layout.BACKUP_DIR, early_stopping=early_stopping,
                         reduce_lr=reduce_lr, checkpoint=checkpoint,
                         min_interval_s=fit.backup_interval_s),
@@ -225,13 +226,6 @@ def _train(cfg: RunConfig, staged: StagedDataset, resolved: Any,
     out = model_dir(run_dir)
     out.mkdir(parents=True, exist_ok=True)
     cfg.write(out)
-    (out / layout.RUN).write_text(json.dumps({
-        "run_id": cfg.run_id,
-        "started_at": _started_at(out / layout.RUN),
-        "dataset": staged.to_dict(),
-        "strategy": resolved.to_dict(),
-        "software": software_versions(),
-    }, indent=2) + "\n")
 
     builder = load_builder(staged)
     info = dataset_info(builder)
@@ -254,7 +248,16 @@ def _train(cfg: RunConfig, staged: StagedDataset, resolved: Any,
                                                     resolved.kind),
             jit_compile=cfg.runtime.jit_compile,
         )
-    callbacks = [*make_callbacks(cfg.fit, run_dir), *extra_callbacks]
+        weights, tuning = pretrained.prepare(cfg.model, model)
+    (out / layout.RUN).write_text(json.dumps({
+        "run_id": cfg.run_id,
+        "started_at": _started_at(out / layout.RUN),
+        "dataset": staged.to_dict(),
+        "strategy": resolved.to_dict(),
+        "software": software_versions(),
+        "pretrained_weights": weights,
+    }, indent=2) + "\n")
+    callbacks = [*make_callbacks(cfg.fit, run_dir, tuning), *extra_callbacks]
     backup = next(c for c in callbacks if isinstance(c, ResumableBackup))
     log.info("training %s on %s for up to %d epochs", cfg.model.name, staged.key,
              cfg.fit.epochs)
@@ -273,7 +276,7 @@ def _train(cfg: RunConfig, staged: StagedDataset, resolved: Any,
     saved_model_path = out / layout.SAVED_MODEL_DIR
     if saved_model_path.exists():
         shutil.rmtree(saved_model_path)  # a retry replaces a half-written export
-    model.export(os.fspath(saved_model_path), format="tf_saved_model", verbose=False)
+    export(model, saved_model_path)  # serving signature: training.train.export
     es = summary["early_stopping"]
     result = TrainResult(
         run_dir=os.fspath(final_dir),

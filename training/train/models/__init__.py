@@ -10,12 +10,15 @@
 **The contract.** A builder is ``builder(input_shape, num_classes, *, **args)``: the
 dataset's image shape (height, width, channels; the input is raw uint8 pixels) and its
 class count, plus its own keyword-only arguments, each with a default and an annotation
-of ``int``, ``float``, ``bool`` or ``str``: they are ``model_args`` in the config, and
-``check_args`` validates them against that declaration before anything runs. It returns
-an uncompiled ``keras.Model`` whose output is ``(batch, num_classes)`` probabilities;
-compiling, the strategy scope, mixed precision and the float32 output stay the
-product's. Custom layers are registered with ``keras.saving.register_keras_serializable``
-(never a ``Lambda``), so exported models load with ``safe_mode=True``.
+of ``int``, ``float``, ``bool`` or ``str`` (``Annotated[int, Between(32, 1024)]`` adds
+bounds): they are ``model_args`` in the config, and ``check_args`` validates them
+against that declaration before anything runs. It returns an uncompiled ``keras.Model``
+whose output is ``(batch, num_classes)`` probabilities; compiling, the strategy scope,
+mixed precision and the float32 output stay the product's. A pretrained part the
+product may load weights into and fine-tune (``model.weights``, ``freeze_epochs``) is a
+layer named ``backbone`` (``backbones.py``). Custom layers are registered with
+``keras.saving.register_keras_serializable`` (never a ``Lambda``), so exported models
+load with ``safe_mode=True``.
 
 Every refusal is one ``ConfigError`` line that names the model.
 """
@@ -25,7 +28,9 @@ from __future__ import annotations
 import importlib
 import inspect
 import re
+import typing
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from training.errors import ConfigError, shown
@@ -35,6 +40,31 @@ MODELS: dict[str, Builder] = {}  # the built-in registry
 ENTRY_POINT_GROUP = "training.models"
 REFERENCE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
 _KINDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+BACKBONE = "backbone"  # the layer ``model.weights`` and ``freeze_epochs`` act on
+
+
+@dataclass(frozen=True)
+class Between:
+    """Bounds of a numeric builder argument: ``Annotated[float, Between(0.0, 0.9)]``."""
+
+    low: float
+    high: float
+
+    def __str__(self) -> str:
+        return f"between {self.low} and {self.high}"
+
+
+@dataclass(frozen=True)
+class Argument:
+    """One declared builder argument: its type, default and bounds (or None)."""
+
+    kind: type
+    default: Any
+    bounds: Between | None = None
+
+    def __str__(self) -> str:
+        bounds = f", {self.bounds}" if self.bounds else ""
+        return f"{self.kind.__name__}, default {self.default!r}{bounds}"
 
 
 def register(name: str) -> Callable[[Builder], Builder]:
@@ -89,7 +119,7 @@ def _loaded(name: str, load: Callable[[], Any], what: str) -> Builder:
     return builder
 
 
-def parameters(name: str, builder: Builder) -> dict[str, tuple[type, Any]]:
+def parameters(name: str, builder: Builder) -> dict[str, Argument]:
     """The builder's own arguments: keyword-only, annotated, with defaults."""
     try:
         signature = inspect.signature(builder)
@@ -106,11 +136,16 @@ def parameters(name: str, builder: Builder) -> dict[str, tuple[type, Any]]:
     for param in signature.parameters.values():
         if param.kind is not param.KEYWORD_ONLY:
             continue
-        kind = hints.get(param.name)
-        if kind not in _KINDS or param.default is param.empty:
+        kind, extra = hints.get(param.name), ()
+        if typing.get_origin(kind) is typing.Annotated:
+            kind, extra = kind.__origin__, kind.__metadata__
+        bounds = [b for b in extra if isinstance(b, Between)]
+        if kind not in _KINDS or param.default is param.empty or \
+                (bounds and kind not in (int, float)):
             raise ConfigError(f"model {name!r}: argument {param.name!r} needs a default and "
-                              "an annotation of int, float, bool or str")
-        declared[param.name] = (kind, param.default)
+                              "an annotation of int, float, bool or str (bounds only on "
+                              "int and float)")
+        declared[param.name] = Argument(kind, param.default, bounds[0] if bounds else None)
     return declared
 
 
@@ -118,19 +153,21 @@ def check_args(name: str, builder: Builder, args: Mapping[str, Any]) -> dict[str
     """``args`` checked against the builder's declaration; every argument, defaults
     filled in. ConfigError names the model, the argument, the value and what is allowed."""
     declared = parameters(name, builder)
-    listed = ", ".join(f"{k} ({t.__name__}, default {d!r})" for k, (t, d) in
-                       declared.items()) or "none"
-    out = {k: d for k, (_, d) in declared.items()}
+    listed = ", ".join(f"{k} ({arg})" for k, arg in declared.items()) or "none"
+    out = {k: arg.default for k, arg in declared.items()}
     for key, value in args.items():
         if key not in declared:
             raise ConfigError(f"model.args: {key!r} is not an argument of model "
                               f"{name!r}; its arguments: {listed}")
-        kind = declared[key][0]
+        kind, bounds = declared[key].kind, declared[key].bounds
         if kind is float and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
         if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
             raise ConfigError(f"model.args.{key} of model {name!r} must be "
                               f"{_KINDS[kind]}, got {shown(value)} ({type(value).__name__})")
+        if bounds and not bounds.low <= value <= bounds.high:
+            raise ConfigError(f"model.args.{key} of model {name!r} must be {bounds}, got "
+                              f"{shown(value)}")
         out[key] = value
     return out
 
@@ -160,4 +197,5 @@ def build(name: str, input_shape: tuple[int, ...], num_classes: int,
     return model
 
 
-from training.train.models import builtin  # noqa: E402,F401  (registers mlp and cnn)
+from training.train.models import builtin  # noqa: E402,I001  (registers mlp, cnn)
+from training.train.models import backbones  # noqa: E402,F401  (then the backbones)
