@@ -25,6 +25,7 @@ from support.devstack import DAG_ID, USER, artifacts_dir
 
 from training.registry import open_store
 from training.registry.versions import ModelRegistry
+from training.train import models
 
 pytestmark = pytest.mark.slow
 
@@ -122,14 +123,22 @@ def test_trigger_form_runs_and_links_to_the_models_page(dev_airflow: Any, browse
     states = stack.task_states(first["dag_run_id"])
     assert ended["state"] == "success", (states, stack.diagnostics(first["dag_run_id"]))
 
-    # 2. Again, once the first has finished, with one field changed in the form.
+    # 2. Again, once the first has finished, with one field changed in the form. The
+    # Model section offers every registered model and the backbone's fine-tuning.
     dialog = open_trigger_form(page)
+    dialog.get_by_role("button", name="Model", exact=True).click()
+    expect(dialog.get_by_role("spinbutton", name="Freeze epochs")).to_have_value("0")
+    expect(dialog.get_by_role("textbox", name="Model weights")).to_be_visible()
+    offered = dialog.locator("datalist option")
+    expect(offered).to_have_count(len(models.names()))
+    assert [o.get_attribute("value") for o in offered.all()] == models.names()
+    shot(page, "03-trigger-form-model-section")
     dialog.get_by_role("button", name="Training").click()
     epochs = dialog.get_by_role("spinbutton", name="Epochs")
     expect(epochs).to_have_value("30")
     epochs.fill(CHANGED_EPOCHS)
     epochs.blur()
-    shot(page, "03-trigger-form-epochs-changed")
+    shot(page, "04-trigger-form-epochs-changed")
     expect(submit_button(dialog)).to_be_enabled()
     submit_button(dialog).click()
     expect(dialog).to_be_hidden()
@@ -167,7 +176,7 @@ def test_trigger_form_runs_and_links_to_the_models_page(dev_airflow: Any, browse
     page.get_by_role("link", name="Details").click()
     link = page.get_by_role("link", name="Model version")
     expect(link).to_have_attribute("href", f"/models/#{MODEL}/{v1}")
-    shot(page, "04-publish-task-extra-link")
+    shot(page, "05-publish-task-extra-link")
     link.click()
     expect(page).to_have_url(f"{stack.base_url}/models/#{MODEL}/{v1}")
     row = page.locator(f'tr.version[id="{MODEL}/{v1}"]')
@@ -180,13 +189,13 @@ def test_trigger_form_runs_and_links_to_the_models_page(dev_airflow: Any, browse
     expect(rows.first).to_have_attribute("data-version", v2)
     expect(rows.nth(1)).to_have_attribute("data-version", v1)
     expect(row.locator("a.airflow-run")).to_have_text(first["dag_run_id"])
-    shot(page, "05-models-page")
+    shot(page, "06-models-page")
 
     # 4. The report of that version, and back to the page.
     row.get_by_role("link", name="report").click()
     expect(page.locator("h1")).to_have_text(f"{MODEL} version {v1}")
     expect(page.locator(".verdict")).to_have_text("promote to production")
-    shot(page, "06-report")
+    shot(page, "07-report")
     page.get_by_role("link", name="Models page").click()
     expect(page).to_have_url(f"{stack.base_url}/models/#{MODEL}/{v1}")
 
@@ -196,7 +205,7 @@ def test_trigger_form_runs_and_links_to_the_models_page(dev_airflow: Any, browse
         re.escape(f"{stack.base_url}/dags/{DAG_ID}/runs/") + ".+"))
     assert second["dag_run_id"] in page.url.replace("%3A", ":").replace("%2B", "+"), page.url
     expect(page.get_by_text("Success").first).to_be_visible()
-    shot(page, "07-back-to-the-run")
+    shot(page, "08-back-to-the-run")
     page.close()
 
 
@@ -214,6 +223,6 @@ def test_trigger_form_refuses_an_invalid_value_in_words(dev_airflow: Any, browse
     expect(alert).to_be_visible()
     expect(alert).to_contain_text("'my model' is not a")
     expect(alert).to_contain_text("registry name of 1 to 128 letters, digits")
-    shot(page, "08-invalid-value-refused")
+    shot(page, "09-invalid-value-refused")
     assert len(stack.runs()) == before
     page.close()
