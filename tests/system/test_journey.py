@@ -107,10 +107,19 @@ def test_trigger_form_runs_and_links_to_the_models_page(dev_airflow: Any, browse
     page = dag_page(browser, stack)
     shot(page, "01-dag")
 
-    # 1. The form opens valid with its defaults, and is submitted as it is.
+    # 1. The form opens valid with its defaults, and is submitted as it is. Its Model
+    # section suggests every registered model and has the backbone's fine-tuning.
     dialog = open_trigger_form(page)
     expect(submit_button(dialog)).to_be_enabled()
     shot(page, "02-trigger-form-defaults")
+    dialog.get_by_role("button", name="Model", exact=True).click()
+    shot(page, "03-trigger-form-model-section")
+    expect(dialog.get_by_role("spinbutton", name="Freeze epochs")).to_have_value("0")
+    expect(dialog.get_by_text("Model weights", exact=True)).to_be_visible()
+    expect(dialog.locator("#element_model_weights")).to_have_value("")  # no weights
+    offered = dialog.locator("datalist option")
+    expect(offered).to_have_count(len(models.names()))
+    assert [o.get_attribute("value") for o in offered.all()] == models.names()
     known = {r["dag_run_id"] for r in stack.runs()}
     submit_button(dialog).click()
     expect(dialog).to_be_hidden()
@@ -123,16 +132,8 @@ def test_trigger_form_runs_and_links_to_the_models_page(dev_airflow: Any, browse
     states = stack.task_states(first["dag_run_id"])
     assert ended["state"] == "success", (states, stack.diagnostics(first["dag_run_id"]))
 
-    # 2. Again, once the first has finished, with one field changed in the form. The
-    # Model section offers every registered model and the backbone's fine-tuning.
+    # 2. Again, once the first has finished, with one field changed in the form.
     dialog = open_trigger_form(page)
-    dialog.get_by_role("button", name="Model", exact=True).click()
-    expect(dialog.get_by_role("spinbutton", name="Freeze epochs")).to_have_value("0")
-    expect(dialog.get_by_role("textbox", name="Model weights")).to_be_visible()
-    offered = dialog.locator("datalist option")
-    expect(offered).to_have_count(len(models.names()))
-    assert [o.get_attribute("value") for o in offered.all()] == models.names()
-    shot(page, "03-trigger-form-model-section")
     dialog.get_by_role("button", name="Training").click()
     epochs = dialog.get_by_role("spinbutton", name="Epochs")
     expect(epochs).to_have_value("30")

@@ -197,5 +197,5 @@ def build(name: str, input_shape: tuple[int, ...], num_classes: int,
     return model
 
 
-from training.train.models import builtin  # noqa: E402,I001  (registers mlp, cnn)
+from training.train.models import builtin  # noqa: E402,F401,I001  (mlp, cnn first)
 from training.train.models import backbones  # noqa: E402,F401  (then the backbones)
