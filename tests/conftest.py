@@ -116,7 +116,22 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
     return ByGroup(config, log)
 
 
+DAG_CHECKS_JOURNEY = ("tests/journeys/test_readme_commands.py::"
+                      "test_the_dag_checks_a_team_puts_in_its_ci")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The two longest groups (minutes each) first, so that they do not start last."""
+    """The two longest groups (minutes each) first, so that they do not start last.
+
+    When the DAG-checks journey is selected, the fast ``tests/dags`` tests are not run a
+    second time in this session: that journey runs exactly them (the README's ``./dev test
+    tests/dags -m "not slow" -n 0``) from a fresh clone, as a team's CI does, and fails
+    with their output when one fails."""
+    if any(item.nodeid == DAG_CHECKS_JOURNEY for item in items):
+        twice = [item for item in items if item.nodeid.startswith("tests/dags/")
+                 and item.get_closest_marker("slow") is None]
+        if twice:
+            config.hook.pytest_deselected(items=twice)
+            items[:] = [item for item in items if item not in twice]
     items.sort(key=lambda item: LONGEST_FIRST.index(_group(item.nodeid))
                if _group(item.nodeid) in LONGEST_FIRST else len(LONGEST_FIRST))

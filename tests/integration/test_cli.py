@@ -39,8 +39,9 @@ def test_main_command_trains_the_seed_mlp_on_digits_to_95_percent(tmp_path):
         (["--dataset", "nope"], "dataset.name must be 'digits' or a tensorflow-datasets "
                                 "image-classification dataset (e.g. mnist, fashion_mnist, "
                                 "cifar10), got 'nope'"),
-        (["--model", "nope"], "model.name 'nope' is not a model: built in mlp, cnn; "
-                              "installed (none); or a reference like my_pkg.models:build"),
+        (["--model", "nope"], "model.name 'nope' is not a model: built in mlp, cnn, "
+                              "mobilenet_v3_small, efficientnet_b0, resnet50; installed "
+                              "(none); or a reference like my_pkg.models:build"),
         (["--config", "cfg.json"], "unknown config key fit.epoch; allowed: epochs"),
     ],
 )

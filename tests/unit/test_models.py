@@ -88,8 +88,8 @@ def test_bounds_only_on_numbers():
     def bounded_name(shape, classes, *, kind: Annotated[str, models.Between(0, 1)] = "a"):
         return None
 
-    with pytest.raises(ConfigError, match="argument 'kind' needs a default and an annotation "
-                                          "of int, float, bool or str .bounds only on int"):
+    with pytest.raises(ConfigError, match="^model 'x': argument 'kind' is a str: Between "
+                                          "bounds only int and float$"):
         models.parameters("x", bounded_name)
 
 
@@ -109,11 +109,6 @@ def test_a_backbone_resizes_grey_digits_to_rgb_and_keeps_augmentation_out_of_inf
     images = np.random.default_rng(0).uniform(0, 255, (4, 32, 32, 3)).astype("float32")
     assert np.array_equal(np.asarray(augment(images, training=False)), images)
     assert not np.allclose(np.asarray(augment(images, training=True)), images)
-    # Without augmentation arguments there is no augment layer; RGB input is not copied.
-    plain = models.build(name, (40, 40, 3), 5, {"image_size": 32})
-    assert "augment" not in [layer.name for layer in plain.layers]
-    assert "grey_to_rgb" not in [layer.name for layer in plain.layers]
-    assert tuple(plain.output.shape) == (None, 5)
 
 
 def test_resnet50_gets_the_caffe_input_its_weights_expect():
@@ -121,6 +116,9 @@ def test_resnet50_gets_the_caffe_input_its_weights_expect():
     import numpy as np
 
     model = models.build("resnet50", (32, 32, 3), 10, {"image_size": 32})
+    # Without augmentation arguments there is no augment layer; RGB input is not copied.
+    names = [layer.name for layer in model.layers]
+    assert "augment" not in names and "grey_to_rgb" not in names
     caffe = model.get_layer("caffe_input")
     assert not caffe.trainable and not caffe.trainable_weights
     image = np.zeros((1, 32, 32, 3), dtype="uint8")

@@ -140,11 +140,12 @@ def parameters(name: str, builder: Builder) -> dict[str, Argument]:
         if typing.get_origin(kind) is typing.Annotated:
             kind, extra = kind.__origin__, kind.__metadata__
         bounds = [b for b in extra if isinstance(b, Between)]
-        if kind not in _KINDS or param.default is param.empty or \
-                (bounds and kind not in (int, float)):
+        if kind not in _KINDS or param.default is param.empty:
             raise ConfigError(f"model {name!r}: argument {param.name!r} needs a default and "
-                              "an annotation of int, float, bool or str (bounds only on "
-                              "int and float)")
+                              "an annotation of int, float, bool or str")
+        if bounds and kind not in (int, float):
+            raise ConfigError(f"model {name!r}: argument {param.name!r} is a "
+                              f"{kind.__name__}: Between bounds only int and float")
         declared[param.name] = Argument(kind, param.default, bounds[0] if bounds else None)
     return declared
 
