@@ -101,7 +101,7 @@ def _group(nodeid: str) -> str:
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
-    """``./dev test``'s pytest-xdist workers get whole groups (``_group``), each run
+    """``./dev test``'s two pytest-xdist workers get whole groups (``_group``), each run
     on one worker, in order. (xdist's own ``loadgroup`` marks do nothing with pytest 9:
     it renames ``item._nodeid``, which pytest 9 no longer reads.)"""
     from xdist.scheduler import LoadScopeScheduling
