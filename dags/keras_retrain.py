@@ -73,9 +73,8 @@ with DAG(
     staged = StageOperator(task_id="stage_dataset", outlets=[STAGED_DATASET],
                            execution_timeout=timedelta(hours=2)).output
     validated = ValidateOperator(task_id="validate_data", staged=staged).output
-    trained = TrainOperator(task_id="train", staged=staged,
+    trained = TrainOperator(task_id="train", staged=staged, validated=validated,
                             execution_timeout=timedelta(hours=12)).output
-    validated >> trained
     evaluation = EvaluateOperator(task_id="evaluate", staged=staged, trained=trained,
                                   validated=validated).output
     published = PublishOperator(task_id="publish", evaluation=evaluation).output

@@ -24,6 +24,7 @@ ARG LIBTPU_VERSION=
 ARG LIBTPU_INDEX=https://storage.googleapis.com/libtpu-tf-releases/index.html
 ENV PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
+    UV_COMPILE_BYTECODE=1 \
     TF_CPP_MIN_LOG_LEVEL=2 \
     UV_NO_CACHE=1 \
     UV_LINK_MODE=copy

@@ -105,6 +105,14 @@ def build_parser() -> argparse.ArgumentParser:
     for name, text in commands.items():
         cmd = sub.add_parser(name, help=text, description=text, allow_abbrev=False)
         _add_config_flags(cmd, staged=name != "stage")
+        if name in ("train", "evaluate"):
+            cmd.add_argument("--data-stats", metavar="FILE",
+                             help="validate's data statistics (JSON), published with the "
+                                  "version and shown in its report")
+        if name == "train":
+            cmd.add_argument("--evaluate", action="store_true",
+                             help="then evaluate, as the `evaluate` command does, in this "
+                                  "process (TensorFlow is loaded once)")
     # Listed here for --help; main() hands `data ...` to training.data.landing whole.
     sub.add_parser("data", help="The team's data: `data demo` writes the digits as daily "
                    "partitions, `data land` lands one partition (data --help).")
@@ -184,7 +192,7 @@ def execute(args: argparse.Namespace) -> int:
 def _run_steps(args: argparse.Namespace, cfg: RunConfig, staged: Any) -> int:
     from training import pipeline
 
-    data_stats = None
+    data_stats = _data_stats(getattr(args, "data_stats", None))
     if args.command in ("validate", "run"):
         from training.data import gate
 
@@ -208,10 +216,10 @@ def _run_steps(args: argparse.Namespace, cfg: RunConfig, staged: Any) -> int:
             from training.train.fit import train
 
             print(json.dumps({"trained": train(cfg, staged).to_dict()}))
-    if args.command == "train":
-        return 0
+    if args.command == "train" and not (args.evaluate and cluster.is_chief(cluster.current())):
+        return 0  # in a multi-worker run, only the chief evaluates
     registry = pipeline.open_registry(cfg)
-    if args.command in ("evaluate", "run"):
+    if args.command in ("train", "evaluate", "run"):
         evaluation = pipeline.evaluate(cfg, staged, registry, data_stats=data_stats)
         print(json.dumps({"evaluation": pipeline.artifact_paths(cfg)["evaluation"],
                           "test_accuracy": evaluation["challenger"]["accuracy"],
@@ -222,6 +230,20 @@ def _run_steps(args: argparse.Namespace, cfg: RunConfig, staged: Any) -> int:
         print(json.dumps({"published": pipeline.publish(cfg, registry, created=started)}))
         print(json.dumps({"promotion": pipeline.promote(cfg, registry, at=started)}))
     return 0
+
+
+def _data_stats(path: str | None) -> dict[str, Any] | None:
+    if not path:
+        return None
+    try:
+        with open(path) as file:
+            stats = json.load(file)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"--data-stats {path} is not readable JSON ({exc})") from None
+    if not isinstance(stats, dict):
+        raise ConfigError(f"--data-stats {path} must hold a JSON object, got "
+                          f"{type(stats).__name__}")
+    return stats
 
 
 def _models(args: argparse.Namespace) -> int:

@@ -53,6 +53,7 @@ def validate_name(field: str, value: Any) -> str:
 # --- the run directory -------------------------------------------------------------
 CONFIG = "config.json"
 BACKUP_DIR = "backup"
+AIRFLOW_RECORDS = "airflow"  # what each DAG task did (training_airflow/records.py)
 BEST_CHECKPOINT = ("checkpoints", "best.keras")
 MODEL_DIR = "model"
 MODEL_FILE = "model.keras"

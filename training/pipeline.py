@@ -26,10 +26,11 @@ from training.data.input import load_builder, make_dataset
 from training.data.staging import StagedDataset
 from training.errors import RegistryError, shown
 from training.evaluate import evaluate_model
+from training.files import sha256_file
 from training.layout import model_dir
 from training.locks import claim_run
 from training.registry import open_store
-from training.registry.loading import load_keras
+from training.registry.loading import check_model_runs, load_keras
 from training.registry.policy import PromotionPolicy, decide
 from training.registry.s3 import S3Options
 from training.registry.versions import ModelRegistry
@@ -109,6 +110,10 @@ def _evaluate(cfg: RunConfig, staged: StagedDataset, registry: ModelRegistry,
     test = _test_split(builder, cfg.fit.seed)
     holdout_data, holdout = _holdout(cfg, builder, holdout_options)
     model = _load(out / layout.MODEL_FILE)
+    # What promotion checks (a safe load, finite outputs), done here on the file as it
+    # is published: promote then needs no Keras (``check_runs_or_evaluated``).
+    model_check = {"sha256": sha256_file(out / layout.MODEL_FILE),
+                   **check_model_runs(model, f"the run's model {out / layout.MODEL_FILE}")}
     challenger = evaluate_model(model, test)
     if holdout is not None:
         holdout["challenger"] = _brief(evaluate_model(model, holdout_data, "holdout"))
@@ -130,6 +135,7 @@ def _evaluate(cfg: RunConfig, staged: StagedDataset, registry: ModelRegistry,
         "model_name": name,
         "version": cfg.run_id,
         "dataset": staged.key,
+        "model_check": model_check,
         "challenger": challenger,
         "champion": champion,
         "policy": {"min_accuracy": policy.min_accuracy,
@@ -150,6 +156,40 @@ def _evaluate(cfg: RunConfig, staged: StagedDataset, registry: ModelRegistry,
     for reason in decision.reasons:
         log.info("  - %s", reason)
     return evaluation
+
+
+def standing_evaluation(cfg: RunConfig, staged: StagedDataset, registry: ModelRegistry,
+                        run_dir: str | os.PathLike[str] | None = None
+                        ) -> tuple[dict[str, Any] | None, str]:
+    """The run's ``evaluation.json`` if it still stands, read without TensorFlow; else
+    None. It stands when it was made for this run, of the model file as it is now, on
+    this staged dataset, with this policy and holdout, against the version that is in
+    production now. Also says why (for the log)."""
+    out = model_dir(_run_dir(cfg, run_dir))
+    try:
+        evaluation = json.loads((out / layout.EVALUATION).read_text())
+        model_sha256 = sha256_file(out / layout.MODEL_FILE)
+    except FileNotFoundError as exc:
+        return None, f"{exc.filename} does not exist"
+    except (OSError, ValueError) as exc:
+        return None, f"{out / layout.EVALUATION} is unreadable ({shown(exc)})"
+    champion = (evaluation.get("champion") or {}).get("version")
+    production = registry.production(cfg.model_name)
+    expected = {"version": cfg.run_id, "dataset": staged.key,
+                "policy": {"min_accuracy": cfg.promotion.min_accuracy,
+                           "min_improvement": cfg.promotion.min_improvement,
+                           "force_promote": cfg.promotion.force_promote}}
+    for key, value in expected.items():
+        if evaluation.get(key) != value:
+            return None, f"it was made with {key} {evaluation.get(key)!r}, not {value!r}"
+    if (evaluation.get("model_check") or {}).get("sha256") != model_sha256:
+        return None, f"the model file changed since ({out / layout.MODEL_FILE})"
+    if bool(evaluation.get("holdout")) != bool(cfg.promotion.holdout_uri):
+        return None, "the holdout setting changed"
+    if champion != production:
+        return None, (f"it was made against production version {champion}, production is "
+                      f"now {production}")
+    return evaluation, f"made by this run's training process against production {champion}"
 
 
 def _brief(metrics: dict[str, Any]) -> dict[str, Any]:

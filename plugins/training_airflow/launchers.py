@@ -45,10 +45,11 @@ from training_airflow.params import aws_conn_id
 
 
 def run_child(operator: Any, command: list[str], env: dict[str, str],
-              cwd: str) -> tuple[int, str | None]:
+              cwd: str) -> tuple[int, str | None, dict[str, Any]]:
     """Run ``command`` in its own process group, its output into the task log.
 
-    Returns the exit code and the child's last ``error:`` line (None if it printed none).
+    Returns the exit code, the child's last ``error:`` line (None if it printed none)
+    and the JSON objects it printed, one per line, merged (``{"staged": ...}``).
     """
     from training_airflow.quiet import is_noise
 
@@ -56,7 +57,7 @@ def run_child(operator: Any, command: list[str], env: dict[str, str],
                              stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                              start_new_session=True)
     operator.child = child
-    error = None
+    error, results = None, {}
     assert child.stdout is not None
     try:
         for raw in child.stdout:
@@ -66,23 +67,33 @@ def run_child(operator: Any, command: list[str], env: dict[str, str],
             operator.log.info("%s", line)
             if line.startswith("error: "):
                 error = line
+            elif line.startswith("{"):
+                with contextlib.suppress(ValueError):
+                    results.update(json.loads(line))
     except BaseException:  # a timeout or a kill of the task: the child goes with it
         with contextlib.suppress(ProcessLookupError):
             os.killpg(child.pid, signal.SIGTERM)
         raise
     finally:
         child.stdout.close()
-    return child.wait(), error
+    return child.wait(), error, results
 
 
 def _s3_uri(cfg: Any) -> str:
-    """The run's first s3:// location the training process reads (the store, else the
-    backbone's weights): its credentials come from the same connection."""
-    uris = (cfg.storage.store_uri, cfg.model.weights)
-    return next((uri for uri in uris if uri.startswith("s3://")), "")
+    """The run's first s3:// location a child process reads (the store, the backbone's
+    weights, the holdout, the team's data): its credentials come from one connection."""
+    uris = (cfg.storage.store_uri, cfg.model.weights, cfg.promotion.holdout_uri,
+            cfg.dataset.uri)
+    return next((uri for uri in uris if uri and uri.startswith("s3://")), "")
 
 
-def launch_local(operator: Any, cfg: Any, context: Any) -> dict[str, Any]:
+def run_training_command(operator: Any, cfg: Any, command: str, *, staged: Any = None,
+                         data_stats: Any = None, flags: tuple[str, ...] = ()
+                         ) -> dict[str, Any]:
+    """``python -m training COMMAND`` for this run, a child process of the task: the
+    config (and ``staged``, ``data_stats``) in files beside the run directory, the
+    credentials in its environment. Returns what it printed as JSON; exit 2 fails the
+    task without retries (``AirflowFailException``), any other failure is retried."""
     from airflow.sdk.exceptions import AirflowFailException
 
     from training_airflow.store import s3_options, subprocess_env
@@ -91,23 +102,35 @@ def launch_local(operator: Any, cfg: Any, context: Any) -> dict[str, Any]:
     output_dir.mkdir(parents=True, exist_ok=True)
     config_path = output_dir / f"{cfg.run_id}.launch.json"
     config_path.write_text(cfg.to_json())
-    staged_path = output_dir / f"{cfg.run_id}.staged.json"  # stage_dataset's XCom
-    staged_path.write_text(json.dumps(operator.staged))
+    args = [sys.executable, "-m", "training", command, "--config", os.fspath(config_path)]
+    for flag, value in (("--staged", staged), ("--data-stats", data_stats)):
+        if value is not None:  # stage_dataset's and validate_data's XComs
+            path = output_dir / f"{cfg.run_id}.{flag[2:]}.json"
+            path.write_text(json.dumps(value))
+            args += [flag, os.fspath(path)]
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1",
            **subprocess_env(s3_options(_s3_uri(cfg), aws_conn_id()))}
-    command = [sys.executable, "-m", "training", "train", "--config", os.fspath(config_path),
-               "--staged", os.fspath(staged_path)]
-    operator.log.info("starting the training process (TensorFlow loads for about 15 s "
-                      "before the first epoch): %s", " ".join(command))
-    code, error = run_child(operator, command, env, os.fspath(output_dir))
+    operator.log.info("starting %s (TensorFlow loads in it, about 15 s): %s", command,
+                      " ".join([*args, *flags]))
+    code, error, results = run_child(operator, [*args, *flags], env, os.fspath(output_dir))
+    what = "training" if command == "train" else f"`{command}`"
     if code == CONFIG_ERROR_EXIT:
         raise AirflowFailException(
-            f"training refused its configuration (exit {code}, not retried): "
+            f"{what} refused its configuration (exit {code}, not retried): "
             f"{error or 'no error line'}")
     if code != 0:
         raise LaunchError(
-            f"training exited with code {code}: {error or 'no error line; see the log above'}")
-    return {"run_id": cfg.run_id, "run_dir": os.fspath(cfg.run_dir())}
+            f"{what} exited with code {code}: {error or 'no error line; see the log above'}")
+    return results
+
+
+def launch_local(operator: Any, cfg: Any, context: Any) -> dict[str, Any]:
+    """Train, then evaluate against production, in one child process: TensorFlow loads
+    once per run, and never in the task process (``evaluate`` reads what it wrote)."""
+    run_training_command(operator, cfg, "train", staged=operator.staged,
+                         data_stats=(operator.validated or {}).get("data_stats"),
+                         flags=("--evaluate",))
+    return {"run_id": cfg.run_id, "run_dir": os.fspath(cfg.run_dir()), "evaluated": True}
 
 
 ENV_CONN_ID = "TRAINING_K8S_CONN_ID"

@@ -41,13 +41,13 @@ import json
 import os
 import re
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from airflow.sdk import Param
 
 from training.config import DEVICE_PATTERN, FieldSpec, RunConfig, flat_fields, property_schema
 from training.errors import ConfigError
+from training_airflow.deployment import deployment_settings
 
 SECTION_TITLES = {
     "dataset": "Dataset",
@@ -129,24 +129,6 @@ def _param(spec: FieldSpec) -> Param:
 
 def dag_params() -> dict[str, Param]:
     return {spec.key: _param(spec) for spec in form_fields()}
-
-
-def deployment_settings(env: Mapping[str, str] = os.environ) -> dict[str, Any]:
-    """The deployment's paths, store and limits, from the environment (module doc)."""
-    home = Path(env.get("AIRFLOW_HOME", Path.home() / "airflow"))
-    data = Path(env.get("TRAINING_DATA_DIR", home / "training"))
-    settings: dict[str, Any] = {
-        "staging_dir": env.get("TRAINING_STAGING_DIR", os.fspath(data / "datasets")),
-        "output_dir": env.get("TRAINING_OUTPUT_DIR", os.fspath(data / "runs")),
-        "store_uri": env.get("TRAINING_STORE_URI", os.fspath(data / "store")),
-    }
-    if env.get("TRAINING_MAX_VERSION_MB"):
-        try:
-            settings["max_version_mb"] = int(env["TRAINING_MAX_VERSION_MB"])
-        except ValueError:
-            raise ConfigError("TRAINING_MAX_VERSION_MB must be a whole number of MiB, got "
-                              f"{env['TRAINING_MAX_VERSION_MB']!r}") from None
-    return settings
 
 
 def aws_conn_id(env: Mapping[str, str] = os.environ) -> str:

@@ -93,3 +93,76 @@ def test_each_step_works_on_the_run_directory_it_is_handed(trained_run, staged_d
                                             f"{tmp_path / 'empty'}/model/model.keras"):
         pipeline.evaluate(elsewhere.with_overrides({"model_name": "other"}), staged_digits,
                           registry, run_dir=tmp_path / "empty")
+
+
+def _promote_in_a_fresh_process(cfg, tmp_path) -> tuple[bool, bool]:
+    """``pipeline.promote`` in a process of its own: (promoted, whether Keras loaded)."""
+    import subprocess
+    import sys
+
+    config = tmp_path / f"{cfg.run_id}.json"
+    config.write_text(cfg.to_json())
+    code = ("import json, sys\nfrom training import pipeline\n"
+            "from training.config import RunConfig\n"
+            f"cfg = RunConfig.from_file({str(config)!r})\n"
+            f"done = pipeline.promote(cfg, pipeline.open_registry(cfg), at={AT!r})\n"
+            "print(json.dumps([done['promoted'], 'keras' in sys.modules]))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    promoted, keras_loaded = json.loads(done.stdout.splitlines()[-1])
+    return promoted, keras_loaded
+
+
+def test_an_evaluation_stands_until_what_it_was_made_of_changes(trained_run, staged_digits,
+                                                                 tmp_path):
+    """What the Airflow ``evaluate`` task trusts instead of loading TensorFlow: the
+    training process's evaluation, as long as it is still the evaluation it would make;
+    and what ``promote`` trusts instead of loading the model with Keras."""
+    cfg, result = trained_run
+    run = cfg.with_overrides({"run_id": "standing", "store_uri": str(tmp_path / "store"),
+                              "min_accuracy": 0.5})
+    shutil.copytree(result.run_dir, run.run_dir())
+    (model_dir(run.run_dir()) / "evaluation.json").unlink(missing_ok=True)
+    registry = pipeline.open_registry(run)
+    evaluation, why = pipeline.standing_evaluation(run, staged_digits, registry)
+    assert evaluation is None and why.endswith("evaluation.json does not exist")
+
+    made = pipeline.evaluate(run, staged_digits, registry)
+    assert pipeline.standing_evaluation(run, staged_digits, registry)[0] == made
+    stricter = run.with_overrides({"min_accuracy": 0.6})
+    assert "policy" in pipeline.standing_evaluation(stricter, staged_digits, registry)[1]
+
+    # Another model in production since: the decision was made against the wrong one.
+    other = cfg.with_overrides({"run_id": "other", "store_uri": run.storage.store_uri,
+                                "min_accuracy": 0.5})
+    shutil.copytree(result.run_dir, other.run_dir())
+    (model_dir(other.run_dir()) / "evaluation.json").unlink(missing_ok=True)
+    pipeline.evaluate(other, staged_digits, registry)
+    pipeline.publish(other, registry, created=AT)
+    # Promoted without Keras: its evaluation loaded and ran this very model file.
+    assert _promote_in_a_fresh_process(other, tmp_path) == (True, False)
+    evaluation, why = pipeline.standing_evaluation(run, staged_digits, registry)
+    assert evaluation is None and "production is now other" in why, why
+
+    # Evaluated again, then the model file changes under it: evaluated again.
+    pipeline.evaluate(run, staged_digits, registry)
+    model = model_dir(run.run_dir()) / "model.keras"
+    model.write_bytes(model.read_bytes() + b"\0")
+    evaluation, why = pipeline.standing_evaluation(run, staged_digits, registry)
+    assert evaluation is None and "model file changed" in why
+
+
+def test_promotion_checks_the_model_with_keras_unless_its_evaluation_ran_that_file(
+        trained_run, staged_digits, tmp_path):
+    cfg, result = trained_run
+    run = cfg.with_overrides({"run_id": "unchecked", "store_uri": str(tmp_path / "store"),
+                              "min_accuracy": 0.5})
+    shutil.copytree(result.run_dir, run.run_dir())
+    registry = pipeline.open_registry(run)
+    pipeline.evaluate(run, staged_digits, registry)
+    path = model_dir(run.run_dir()) / "evaluation.json"
+    evaluation = json.loads(path.read_text())
+    evaluation["model_check"]["sha256"] = "0" * 64  # says it checked another file
+    path.write_text(json.dumps(evaluation))
+    pipeline.publish(run, registry, created=AT)
+    assert _promote_in_a_fresh_process(run, tmp_path) == (True, True)  # Keras checked it

@@ -84,6 +84,12 @@ def test_demo_runs_the_dag_end_to_end(clone: Path):
     assert first["metrics"]["accuracy"] >= 0.9, first
     assert first["store_uri"] == str(clone / "var" / "store")
     assert any("no model in production" in r for r in first["decision"]["reasons"]), first
+    # No task loaded TensorFlow (all ran in the `dags test` process): the training
+    # process staged nothing, trained and evaluated; each task logged its timing.
+    run = clone / "var" / "runs" / first["published_version"] / "airflow"
+    assert {p.stem: json.loads(p.read_text())["heavy_modules"] for p in run.glob("*.json")
+            } == {task: [] for task in first["tasks"]}
+    assert set(first["timing"]) == set(first["tasks"]), first["timing"]
     # "Run it again: nothing is new" is the same check as night 2 of the night-by-night
     # walk-through below, and tests/dags/test_dag_run.py runs it on digits.
 

@@ -116,6 +116,22 @@ def new_run(stack: Any, known: set[str], timeout_s: float = 30.0) -> dict:
     raise AssertionError(f"no new run of {DAG_ID} {timeout_s:.0f} s after the form was submitted")
 
 
+def check_task_costs(stack: Any, dag_run_id: str, version: str) -> None:
+    """Each task ran in a process of its own (LocalExecutor): none loaded TensorFlow,
+    tfds or Keras (its record says), and its log's first line of ours is the timing."""
+    records = {p.stem: json.loads(p.read_text()) for p in
+               (stack.root / "var" / "runs" / version / "airflow").glob("*.json")}
+    assert set(records) == {"stage_dataset", "validate_data", "train", "evaluate",
+                            "publish", "promote"}, sorted(records)
+    assert {t: r["heavy_modules"] for t, r in records.items()} == {t: [] for t in records}
+    for log in stack.task_logs(dag_run_id):
+        ours = [json.loads(line)["event"] for line in log.read_text().splitlines()
+                if '"logger":"airflow.task.operators.training_airflow' in line]
+        assert re.fullmatch(r"timing: queued [\d.]+ s, started [\d.]+ s, imports [\d.]+ s, "
+                            r"work follows", ours[0]), (log, ours[:3])
+        assert re.fullmatch(r"timing: .*, work [\d.]+ s", ours[-1]), (log, ours[-3:])
+
+
 def test_trigger_form_runs_and_links_to_the_models_page(dev_airflow: Any, browser: Any):
     from playwright.sync_api import expect
 
@@ -187,6 +203,7 @@ def test_trigger_form_runs_and_links_to_the_models_page(dev_airflow: Any, browse
         "from": None, "to": v1, "run_id": v1, "forced": False, "at": None, "reason": None}
     config = json.loads(registry.store.get_bytes(f"models/{MODEL}/versions/{v2}/config.json"))
     assert config["fit"]["epochs"] == int(CHANGED_EPOCHS)
+    check_task_costs(stack, first["dag_run_id"], v1)
 
     # 3. The publish task of the first run links to its version on the Models page.
     page.goto(f"{stack.base_url}/dags/{DAG_ID}/runs/{first['dag_run_id']}/tasks/publish")

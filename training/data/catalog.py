@@ -11,12 +11,49 @@ from __future__ import annotations
 
 import importlib
 import os
+from pathlib import Path
 from typing import Any
 
 from training.errors import ConfigError
 
-# Offline datasets: name -> module whose import registers the builder.
+# Offline datasets: name -> module whose import registers the builder, and the version
+# the builder has (here, not only in the builder, so that a cache hit is found without
+# importing tensorflow-datasets: ``staging.cached``).
 OFFLINE_BUILDERS = {"digits": "training.data.digits"}
+OFFLINE_VERSIONS = {"digits": "1.0.0"}
+DEFAULT_VERSION_RECORD = "default-version.json"  # <staging_dir>/<name>/: tfds's pick
+
+
+def default_version(name: str, staging_dir: str | os.PathLike) -> str | None:
+    """The version ``name`` resolves to without one asked for, known without tfds: an
+    offline dataset's, or the one tfds picked when it was last staged (recorded by
+    ``record_default_version``) if the same tensorflow-datasets is installed; else None."""
+    if name in OFFLINE_VERSIONS:
+        return OFFLINE_VERSIONS[name]
+    import json
+    from importlib.metadata import version
+
+    try:
+        record = json.loads((Path(staging_dir) / name / DEFAULT_VERSION_RECORD).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(record, dict) or record.get(
+            "tensorflow_datasets") != version("tensorflow-datasets"):
+        return None
+    return record.get("version")
+
+
+def record_default_version(version_dir: Path, picked: str) -> None:
+    """Note, beside ``version_dir`` (``<staging_dir>/<name>/<version>``), which version
+    tfds picked for the dataset asked without one."""
+    import json
+    from importlib.metadata import version
+
+    path = version_dir.parent / DEFAULT_VERSION_RECORD
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"version": picked,
+                               "tensorflow_datasets": version("tensorflow-datasets")}) + "\n")
+    os.replace(tmp, path)
 
 
 def get_builder(name: str, version: str | None, staging_dir: str | os.PathLike) -> Any:

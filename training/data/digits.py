@@ -14,6 +14,8 @@ from __future__ import annotations
 import numpy as np
 import tensorflow_datasets as tfds
 
+from training.data.catalog import OFFLINE_VERSIONS
+
 SPLIT_SEED = 20240607  # fixed forever: changing it changes the dataset's content
 SPLIT_FRACTIONS = {"train": 0.7, "validation": 0.1, "test": 0.2}
 
@@ -33,7 +35,7 @@ def split_indices(n: int) -> dict[str, np.ndarray]:
 class Digits(tfds.core.GeneratorBasedBuilder):
     """scikit-learn's 8x8 digits, offline."""
 
-    VERSION = tfds.core.Version("1.0.0")
+    VERSION = tfds.core.Version(OFFLINE_VERSIONS["digits"])
     RELEASE_NOTES = {"1.0.0": "Initial release: 70/10/20 split with a fixed seed."}
 
     def _info(self) -> tfds.core.DatasetInfo:

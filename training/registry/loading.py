@@ -72,27 +72,55 @@ class ModelLoading:
 
     def check_runs(self, name: str, version: str, examples: int = 2) -> dict[str, Any]:
         """Download and verify a version, load its model with ``safe_mode=True`` and run it
-        on ``examples`` inputs of its input shape (zeros, the model's dtype); RegistryError
-        unless every output is finite with one row per input. Returns what was seen."""
-        import numpy as np
-
+        on ``examples`` inputs of its input shape (``check_model_runs``). Returns what was
+        seen."""
         with tempfile.TemporaryDirectory(prefix="check-") as tmp:
             model = self.load_model(name, version, tmp)
-            shape = tuple(model.input_shape)[1:]
-            if not shape or any(d is None for d in shape):
-                raise RegistryError(f"model {name!r} version {version!r} has no fixed input "
-                                    f"shape to check it with, got {model.input_shape}")
-            dtype = getattr(model.inputs[0], "dtype", "float32")
-            inputs = np.zeros((examples, *shape), dtype=str(dtype))
+            return check_model_runs(model, f"model {name!r} version {version!r}", examples)
+
+    def check_runs_or_evaluated(self, name: str, version: str) -> dict[str, Any]:
+        """``check_runs`` without loading Keras when the version's own evaluation already
+        loaded and ran this very model file: its ``evaluation.json`` (``model_check``,
+        written by ``pipeline.evaluate``) names the SHA-256 of the file it checked, and
+        the version's manifest, verified here file by file, gives the model file that
+        SHA-256. Anything else (an older version, another file) is checked with Keras."""
+        import json
+
+        from training.layout import EVALUATION, version_key
+
+        manifest = self.verify(name, version)
+        listed = {entry["path"]: entry for entry in manifest["files"]}
+        check: Any = {}
+        if MODEL_FILE in listed and EVALUATION in listed:
             try:
-                outputs = np.asarray(model.predict(inputs, verbose=0))
-            except Exception as exc:
-                raise RegistryError(f"model {name!r} version {version!r} fails on inputs of "
-                                    f"its own shape {shape}: {type(exc).__name__}: "
-                                    f"{shown(exc)}") from exc
-        finite = bool(np.all(np.isfinite(outputs)))
-        if outputs.shape[:1] != (examples,) or not finite:
-            raise RegistryError(f"model {name!r} version {version!r} gives unusable outputs "
-                                f"(shape {outputs.shape}, all finite: {finite}) for {examples} "
-                                f"inputs of shape {shape}")
-        return {"input_shape": list(shape), "output_shape": list(outputs.shape)}
+                check = json.loads(self.store.get_bytes(
+                    version_key(name, version, EVALUATION))).get("model_check") or {}
+            except (ValueError, AttributeError):  # not a JSON object: check with Keras
+                check = {}
+        if isinstance(check, dict) and check.get("sha256") and check.get(
+                "sha256") == listed[MODEL_FILE]["sha256"]:
+            return check
+        return self.check_runs(name, version)
+
+
+def check_model_runs(model: Any, what: str, examples: int = 2) -> dict[str, Any]:
+    """Run a loaded model on ``examples`` inputs of its input shape (zeros, the model's
+    dtype); RegistryError unless every output is finite with one row per input."""
+    import numpy as np
+
+    shape = tuple(model.input_shape)[1:]
+    if not shape or any(d is None for d in shape):
+        raise RegistryError(f"{what} has no fixed input shape to check it with, got "
+                            f"{model.input_shape}")
+    dtype = getattr(model.inputs[0], "dtype", "float32")
+    inputs = np.zeros((examples, *shape), dtype=str(dtype))
+    try:
+        outputs = np.asarray(model.predict(inputs, verbose=0))
+    except Exception as exc:
+        raise RegistryError(f"{what} fails on inputs of its own shape {shape}: "
+                            f"{type(exc).__name__}: {shown(exc)}") from exc
+    finite = bool(np.all(np.isfinite(outputs)))
+    if outputs.shape[:1] != (examples,) or not finite:
+        raise RegistryError(f"{what} gives unusable outputs (shape {outputs.shape}, all "
+                            f"finite: {finite}) for {examples} inputs of shape {shape}")
+    return {"input_shape": list(shape), "output_shape": list(outputs.shape)}

@@ -133,8 +133,8 @@ class ProductionPointer:
                 "decide again"
             )
         try:
-            if self.check_model:
-                self.check_runs(name, version)  # downloads and verifies every file first
+            if self.check_model:  # downloads and verifies every file first
+                self.check_runs_or_evaluated(name, version)
             else:
                 self.verify(name, version)
         except IntegrityError as exc:
