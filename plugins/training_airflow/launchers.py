@@ -112,7 +112,9 @@ def run_training_command(operator: Any, cfg: Any, command: str, *, staged: Any =
            **subprocess_env(s3_options(_s3_uri(cfg), aws_conn_id()))}
     operator.log.info("starting %s (TensorFlow loads in it, about 15 s): %s", command,
                       " ".join([*args, *flags]))
-    code, error, results = run_child(operator, [*args, *flags], env, os.fspath(output_dir))
+    # In the task's own working directory: a relative path in the conf (data_uri) means
+    # in the child what it means here.
+    code, error, results = run_child(operator, [*args, *flags], env, os.getcwd())
     what = "training" if command == "train" else f"`{command}`"
     if code == CONFIG_ERROR_EXIT:
         raise AirflowFailException(
