@@ -132,3 +132,25 @@ def test_mirrored_strategy_over_two_cpu_devices_trains(staged_digits, tmp_path):
     assert run["strategy"]["replicas_in_sync"] == 2
     assert run["strategy"]["global_batch_size"] == 64
     assert Path(result.model_path).exists()
+
+
+def test_mirrored_steps_per_execution_10_trains_exactly_as_1(staged_digits, tmp_path):
+    """Keras 3.15 fails under MirroredStrategy with more than 1 step per execution
+    ("You must feed a value for placeholder tensor"); ``compat_steps.py`` fixes its
+    loop. 17 steps an epoch: one execution of 10, one of 7."""
+    import keras
+
+    weights = {}
+    for steps in (1, 10):
+        cfg = RunConfig.from_flat({
+            "staging_dir": staged_digits.staging_dir, "output_dir": os.fspath(tmp_path),
+            "run_id": f"spe-{steps}", "epochs": 2, "strategy": "mirrored",
+            "devices": ["/cpu:0", "/cpu:1"], "batch_size": 32,
+            "steps_per_execution": steps, "backup_interval_s": 0,
+        })
+        result = train(cfg, staged_digits)
+        weights[steps] = keras.saving.load_model(result.model_path).get_weights()
+        history = json.loads((Path(result.run_dir) / "model" / "history.json").read_text())
+        assert len(history["metrics"]["loss"]) == 2
+    for once, tenfold in zip(weights[1], weights[10], strict=True):
+        np.testing.assert_allclose(once, tenfold, rtol=0, atol=1e-6)

@@ -150,3 +150,33 @@ def test_patched_symbolic_build_builds_from_the_local_batch_without_a_reduce():
         trainer.TensorFlowTrainer._maybe_symbolic_build(t, iterator=epoch_iterator())
     assert strategy.reduces == []
     assert t.built_from[0] is local and t.built_from[1] is local
+
+
+def test_installed_keras_still_needs_the_steps_per_execution_loop():
+    """Fails on the day Keras's loop no longer leaves the collectives' instance keys
+    unfed inside its tf.cond (``compat_steps.py``)."""
+    import keras
+
+    from training.train import compat_steps
+
+    evidence = compat_steps.needed()
+    assert evidence is not None, (
+        f"keras {keras.__version__} no longer needs {compat_steps.NAME}: remove "
+        "training/train/compat_steps.py and its call in compat.apply, then run "
+        "tests/integration/test_fit.py")
+    assert "unfed" in evidence and compat_steps.ISSUE in evidence
+
+
+def test_the_steps_per_execution_loop_is_installed_for_more_than_one_replica_but_tpu():
+    import tensorflow as tf
+    from keras.src.backend.tensorflow import trainer
+
+    from training.train import compat_steps
+
+    original = trainer.TensorFlowTrainer._make_function
+    mirrored = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    with compat.applied(mirrored) as installed:
+        assert installed == [compat_steps.NAME]
+        assert trainer.TensorFlowTrainer._make_function is compat_steps._make_function
+    assert trainer.TensorFlowTrainer._make_function is original
+    assert compat.apply(tf.distribute.MirroredStrategy(["/cpu:0"])) == []  # one replica

@@ -158,7 +158,7 @@ print("DEVICES", [d.name for d in tf.config.list_logical_devices()])
 
 
 @pytest.mark.parametrize(("requested", "kind", "expected"), [
-    (0, "one_device", 10), (0, "mirrored", 1), (0, "multi_worker", 1), (0, "tpu", 1),
+    (0, "one_device", 10), (0, "mirrored", 10), (0, "multi_worker", 10), (0, "tpu", 1),
     (4, "mirrored", 4), (1, "one_device", 1),
 ])
 def test_steps_per_execution_auto(requested, kind, expected):

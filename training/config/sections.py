@@ -119,9 +119,9 @@ class FitConfig(Section):
         maximum=86_400.0,
     )
     steps_per_execution: int = setting(
-        0, "Batches run per tf.function call (Keras steps_per_execution); 0 is auto: 10 "
-        "on one device (1.7x the throughput of 1 on digits), 1 under MirroredStrategy, "
-        "multi-worker and TPU (10 fails under MirroredStrategy in Keras 3.15).",
+        0, "Batches run per tf.function call (Keras steps_per_execution); 0 is auto: 10, "
+        "1 on TPU (not tried there). Under MirroredStrategy and multi-worker, Keras 3.15 "
+        "needs training/train/compat_steps.py for more than 1 (installed automatically).",
         key="steps_per_execution", minimum=0, maximum=10_000,
     )
     seed: int = setting(

@@ -30,8 +30,10 @@ breaks, why, and what it does instead:
     collectives hang. The patch, after the restore, broadcasts the chief's variables
     (model and optimizer) and initial epoch to every worker with one all-reduce.
 
-Everything is applied only under MultiWorkerMirroredStrategy (``apply(strategy)`` is a
-no-op for any other strategy), and each patched function still hands over to the
+Everything is applied only under MultiWorkerMirroredStrategy (``apply(strategy)``
+installs nothing else of this module for any other strategy; it also installs
+``compat_steps.py``, the ``steps_per_execution`` loop, under every strategy with more
+than one replica but TPU), and each patched function still hands over to the
 original unless the strategy it meets is in multi-worker mode. ``apply`` is idempotent;
 ``remove()`` and the ``applied()`` context manager undo it (for tests).
 
@@ -374,12 +376,12 @@ def skipped() -> set[str]:
     if not value.startswith("without:"):
         return set()
     names = {n.strip() for n in value.removeprefix("without:").split(",") if n.strip()}
-    unknown = names - set(ISSUES)
+    unknown = names - set(ISSUES) - {"spe_collectives_in_cond"}  # compat_steps.NAME
     if unknown:
         from training.errors import ConfigError
 
         raise ConfigError(f"{DISABLE_ENV} names unknown patches {sorted(unknown)}; "
-                          f"allowed: {', '.join(ISSUES)}")
+                          f"allowed: {', '.join(ISSUES)}, spe_collectives_in_cond")
     return names
 
 
@@ -423,12 +425,25 @@ def enable() -> list[str]:
 
 
 def apply(strategy: Any) -> list[str]:
-    """Patch Keras for ``strategy`` when it is a MultiWorkerMirroredStrategy; else no-op."""
+    """Patch Keras for ``strategy``: its ``steps_per_execution`` loop
+    (``compat_steps.py``) under any strategy with more than one replica but TPUStrategy,
+    and the patches above under MultiWorkerMirroredStrategy; else nothing."""
     import tensorflow as tf
 
-    if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
-        return []
-    return enable()
+    from training.train import compat_steps
+
+    installed = []
+    if (getattr(strategy, "num_replicas_in_sync", 1) > 1
+            and not isinstance(strategy, tf.distribute.TPUStrategy)
+            and not disabled() and compat_steps.NAME not in skipped()):
+        if compat_steps.needed() is None:  # traced once the strategy exists, as it must be
+            log.warning("keras no longer needs the %r workaround: remove "
+                        "training/train/compat_steps.py", compat_steps.NAME)
+        elif compat_steps.apply():
+            installed.append(compat_steps.NAME)
+    if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        installed += enable()
+    return installed
 
 
 # remove(), active() and applied() are test seams: the unit tests install the patches,
@@ -436,6 +451,9 @@ def apply(strategy: Any) -> list[str]:
 
 def remove() -> None:
     """Undo every installed patch (for tests)."""
+    from training.train import compat_steps
+
+    compat_steps.remove()
     while _originals:
         _, (owner, attribute, original) = _originals.popitem()
         setattr(owner, attribute, original)
@@ -454,5 +472,10 @@ def applied(strategy: Any) -> Iterator[list[str]]:
         yield installed
     finally:
         for name in installed:
-            owner, attribute, original = _originals.pop(name)
-            setattr(owner, attribute, original)
+            if name in _originals:
+                owner, attribute, original = _originals.pop(name)
+                setattr(owner, attribute, original)
+            else:  # the steps_per_execution loop
+                from training.train import compat_steps
+
+                compat_steps.remove()

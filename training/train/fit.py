@@ -215,7 +215,7 @@ def _train(cfg: RunConfig, staged: StagedDataset, resolved: Any,
     from training.train.callbacks.backup import ResumableBackup
     from training.train.preemption import stop_on_sigterm
 
-    compat.apply(resolved.strategy)  # Keras 3 under MultiWorkerMirroredStrategy; else no-op
+    compat.apply(resolved.strategy)  # Keras 3 under more than one replica; else no-op
     # ``auto`` depends on the strategy found (bfloat16 on TPU); set before the model.
     keras.mixed_precision.set_global_policy(
         precision_policy(cfg.runtime.mixed_precision, resolved.kind))
