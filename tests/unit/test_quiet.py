@@ -1,8 +1,7 @@
-"""TensorFlow's CUDA probing noise is dropped from a task's stderr; everything else passes."""
+"""TensorFlow's CUDA probing noise is dropped from a task's log; everything else passes."""
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import textwrap
 
@@ -20,19 +19,36 @@ REAL = [
 ]
 
 
-def test_noise_lines_are_dropped_and_the_rest_passes_in_order():
+def test_a_child_process_noise_is_dropped_from_the_task_log_and_the_rest_passes():
+    """``launchers.run_child``: how a child's output (TensorFlow loads only in children)
+    reaches the task log; its exit code, its ``error:`` line and its JSON lines."""
+    import logging
+
+    from training_airflow.launchers import run_child
+
+    lines = [*NOISE[:1], REAL[0], *NOISE[1:], REAL[1], '{"staged": {"key": "k"}}',
+             "error: the last word"]
     script = textwrap.dedent(f"""
-        import os, sys
-        from training_airflow.quiet import stderr_without_noise
-        lines = {[*NOISE[:1], REAL[0], *NOISE[1:], REAL[1]]!r}
-        with stderr_without_noise():
-            for line in lines:
-                os.write(2, (line + "\\n").encode())  # as C++ code writes: the descriptor
-        os.write(2, b"after\\n")
+        import os
+        for line in {lines!r}:
+            os.write(2, (line + "\\n").encode())  # as C++ code writes: the descriptor
+        raise SystemExit(3)
     """)
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=60, check=True)
-    assert done.stderr.splitlines() == [*REAL, "after"]
+    logged: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            logged.append(record.getMessage())
+
+    class Operator:
+        log = logging.getLogger("test_quiet.task")
+        child = None
+
+    Operator.log.addHandler(Collect())
+    code, error, results = run_child(Operator(), [sys.executable, "-c", script],
+                                     env={}, cwd=".")
+    assert (code, error, results) == (3, "error: the last word", {"staged": {"key": "k"}})
+    assert logged == [REAL[0], *lines[-3:]]  # every line but the noise, in order
 
 
 def test_is_noise_matches_only_the_probing_lines():
