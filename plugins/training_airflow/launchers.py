@@ -1,6 +1,12 @@
 """How ``train`` runs: one launcher per ``runtime.launcher``, over ``training.launch``.
 
-``launcher=local`` runs ``python -m training train`` as a subprocess on the worker, in
+``run_training_command`` runs ``python -m training COMMAND`` for a task as a child
+process on the worker, in the task's working directory: ``stage`` when the dataset is
+not cached yet, ``train --evaluate`` (``launcher=local``), ``evaluate`` when the
+evaluation the training process wrote no longer stands. The Airflow task process itself
+never loads TensorFlow.
+
+``launcher=local`` runs ``python -m training train --evaluate`` that way, in
 its own process group: its output streams line by line into the task log (TensorFlow's
 CUDA probing noise on a CPU-only worker left out), ``on_kill`` (a task marked failed, a
 timeout, a worker shutdown) sends SIGTERM to its group, and its exit code decides the
@@ -11,7 +17,8 @@ credentials through its environment only. The run's config is written to
 ``<output_dir>/<run_id>.launch.json`` and passed with ``--config``; because the run id
 comes from the Airflow run, a retry lands in the same run directory and
 BackupAndRestore resumes it. The dataset is the one ``stage_dataset`` staged (its XCom,
-written beside the config and passed with ``--staged``), verified, never staged again.
+written beside the config and passed with ``--staged``), verified, never staged again;
+``validate_data``'s statistics go with ``--data-stats``.
 
 ``launcher=kubernetes`` reads the deployment's settings from the Airflow worker's
 environment (``KubernetesOptions.from_env``: ``TRAINING_K8S_*``; see
