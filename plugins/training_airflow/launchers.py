@@ -139,7 +139,7 @@ def launch_local(operator: Any, cfg: Any, context: Any) -> dict[str, Any]:
     run_training_command(operator, cfg, "train", staged=operator.staged,
                          data_stats=(operator.validated or {}).get("data_stats"),
                          flags=("--evaluate",))
-    return {"run_id": cfg.run_id, "run_dir": os.fspath(cfg.run_dir()), "evaluated": True}
+    return {"run_id": cfg.run_id, "run_dir": os.fspath(cfg.run_dir())}
 
 
 ENV_CONN_ID = "TRAINING_K8S_CONN_ID"

@@ -59,6 +59,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from training.train import compat_steps  # light: Keras and TensorFlow load inside
+
 log = logging.getLogger(__name__)
 
 DISABLE_ENV = "TRAINING_KERAS_COMPAT"
@@ -376,12 +378,12 @@ def skipped() -> set[str]:
     if not value.startswith("without:"):
         return set()
     names = {n.strip() for n in value.removeprefix("without:").split(",") if n.strip()}
-    unknown = names - set(ISSUES) - {"spe_collectives_in_cond"}  # compat_steps.NAME
+    unknown = names - set(ISSUES) - {compat_steps.NAME}
     if unknown:
         from training.errors import ConfigError
 
         raise ConfigError(f"{DISABLE_ENV} names unknown patches {sorted(unknown)}; "
-                          f"allowed: {', '.join(ISSUES)}, spe_collectives_in_cond")
+                          f"allowed: {', '.join([*ISSUES, compat_steps.NAME])}")
     return names
 
 
@@ -430,12 +432,11 @@ def apply(strategy: Any) -> list[str]:
     and the patches above under MultiWorkerMirroredStrategy; else nothing."""
     import tensorflow as tf
 
-    from training.train import compat_steps
-
     installed = []
     if (getattr(strategy, "num_replicas_in_sync", 1) > 1
             and not isinstance(strategy, tf.distribute.TPUStrategy)
-            and not disabled() and compat_steps.NAME not in skipped()):
+            and not compat_steps.installed() and not disabled()
+            and compat_steps.NAME not in skipped()):
         if compat_steps.needed() is None:  # traced once the strategy exists, as it must be
             log.warning("keras no longer needs the %r workaround: remove "
                         "training/train/compat_steps.py", compat_steps.NAME)
@@ -451,8 +452,6 @@ def apply(strategy: Any) -> list[str]:
 
 def remove() -> None:
     """Undo every installed patch (for tests)."""
-    from training.train import compat_steps
-
     compat_steps.remove()
     while _originals:
         _, (owner, attribute, original) = _originals.popitem()
@@ -476,6 +475,4 @@ def applied(strategy: Any) -> Iterator[list[str]]:
                 owner, attribute, original = _originals.pop(name)
                 setattr(owner, attribute, original)
             else:  # the steps_per_execution loop
-                from training.train import compat_steps
-
                 compat_steps.remove()

@@ -294,6 +294,10 @@ def apply() -> bool:
     return True
 
 
+def installed() -> bool:
+    return _original_make_function is not None
+
+
 def remove() -> None:
     global _original_make_function
     if _original_make_function is None:
