@@ -123,9 +123,12 @@ def test_cnn_trains_on_digits(staged_digits, tmp_path):
 
 
 def test_mirrored_strategy_over_two_cpu_devices_trains(staged_digits, tmp_path):
+    """With the input pipeline's augmentation and no cache: the zipped seed stream and
+    the parallel map go through the strategy's distribution of the dataset."""
     cfg = RunConfig.from_flat({
         "staging_dir": staged_digits.staging_dir, "output_dir": os.fspath(tmp_path),
         "epochs": 2, "strategy": "mirrored", "devices": ["/cpu:0", "/cpu:1"], "batch_size": 32,
+        "augment": "flip_crop", "input_cache": "none",
     })
     result = train(cfg, staged_digits)
     run = json.loads((Path(result.run_dir) / "model" / "run.json").read_text())

@@ -87,6 +87,18 @@ class DatasetConfig(Section):
         10_000, "Examples in the tf.data shuffle buffer.", key="shuffle_buffer",
         minimum=1, maximum=1_000_000,
     )
+    input_cache: str = setting(
+        "auto", "Keep the decoded images in memory after the first epoch: memory, none "
+        "(decode again every epoch), or auto (memory when the split's decoded size fits "
+        "in a quarter of the memory available).", key="input_cache",
+        enum=["auto", "memory", "none"],
+    )
+    augment: str = setting(
+        "none", "Random changes to each training image in the tf.data pipeline (parallel, "
+        "on the CPU, seeded by fit.seed): flip (left-right), crop (pad by 1/8 of each "
+        "side, crop back at a random place), flip_crop (both), none.", key="augment",
+        enum=["none", "flip", "crop", "flip_crop"],
+    )
 
 
 @dataclass(frozen=True)

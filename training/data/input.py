@@ -1,8 +1,27 @@
-"""The tf.data input pipeline over a staged dataset: splits, batches, sharding.
+"""The tf.data input pipeline over a staged dataset: splits, stages, sharding.
 
 ``load_builder`` reads a staged dataset back (no preparation), ``split_names`` gives
 the tfds split expressions for train, validation and test, and ``make_dataset`` builds
-the ``as_supervised`` pipeline that training and evaluation iterate.
+the ``as_supervised`` pipeline that training iterates, in these stages::
+
+    read shards (parallel interleave) -> decode (parallel map) -> [cache in memory]
+        -> [seeded shuffle] -> [augment (parallel map)] -> batch -> prefetch
+
+* **read, decode**: tfds reads the shard files in parallel and decodes each image
+  (PNG for the team's own images, whatever the dataset stored) in a parallel map; both
+  keep the files' order (``deterministic``), so a seed gives one order.
+* **resize** is not a stage here: every staged dataset has one image shape (staging's
+  statistics refuse a dataset that does not), and the team's own images are resized
+  once, when their snapshot is staged (``images.py``, 16 threads), not every epoch.
+* **cache**: ``dataset.input_cache``. ``auto`` keeps the decoded split in memory when
+  its size (examples x image bytes, from the dataset's info) fits in a quarter of the
+  memory available to this process (``MemAvailable``, or the container's cgroup limit
+  when lower); otherwise every epoch reads and decodes again, in parallel.
+* **augment**: ``dataset.augment``, training split only, after the shuffle: a
+  per-example parallel map of stateless random ops (``flip``, ``crop``). Their seeds
+  come from ``tf.data.Dataset.random(fit.seed)``, zipped with the examples and drawn
+  anew each epoch, so a run is repeatable for a seed whatever the map's parallelism.
+  Like the shuffle, a resumed run starts the stream again (docs/resume.md).
 
 Sharding across workers is by data (``AutoShardPolicy.DATA``): every worker reads all
 files and keeps every N-th element, which works whatever the number of shards.
@@ -10,11 +29,14 @@ files and keeps every N-th element, which works whatever the number of shards.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
 from training.data.catalog import get_builder
 from training.errors import DatasetError
+
+log = logging.getLogger(__name__)
 
 
 def load_builder(staged: Any) -> Any:
@@ -48,6 +70,11 @@ def split_names(builder: Any, validation_fraction: float) -> dict[str, str]:
             "test": "test"}
 
 
+AUGMENTS = {"none": (), "flip": ("flip",), "crop": ("crop",), "flip_crop": ("flip", "crop")}
+CACHE_SHARE = 4  # auto caches a split whose decoded size fits in 1/CACHE_SHARE of memory
+LABEL_BYTES = 8  # an int64 class label beside each image
+
+
 def make_dataset(
     builder: Any,
     split: str,
@@ -56,24 +83,133 @@ def make_dataset(
     shuffle: bool,
     seed: int,
     shuffle_buffer: int = 10_000,
+    cache: str = "auto",
+    augment: str = "none",
 ) -> Any:
-    """``as_supervised`` tf.data pipeline: cache, seeded shuffle, batch, prefetch.
+    """The ``as_supervised`` pipeline of one split, in the stages of the module doc.
 
     Images stay uint8: the model scales them (a Rescaling layer).
     """
     import numpy as np
     import tensorflow as tf
+    import tensorflow_datasets as tfds
 
-    ds = builder.as_dataset(split=split, as_supervised=True, shuffle_files=False)
+    # tfds would also cache a small split on its own (try_autocache): the decision is
+    # input_cache's, so that ``none`` reads again and nothing is held twice.
+    read_config = tfds.ReadConfig(num_parallel_calls_for_interleave_files=tf.data.AUTOTUNE,
+                                  num_parallel_calls_for_decode=tf.data.AUTOTUNE,
+                                  try_autocache=False)
+    ds = builder.as_dataset(split=split, as_supervised=True, shuffle_files=False,
+                            read_config=read_config)
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
     options.deterministic = True
-    ds = ds.with_options(options).cache()
-    # Fill the in-memory cache with one pass now. Keras starts each epoch's iterator
-    # while the previous one may still be alive (prefetch threads); a second iterator
-    # over a half-filled cache reads only what is cached (seen: a validation pass over
-    # 89 of 180 examples). A complete cache is the same for every iterator.
-    ds.reduce(np.int64(0), lambda count, _: count + 1)
+    ds = ds.with_options(options)
+    keep, why = cache_plan(cache, decoded_bytes(builder, split), available_memory())
+    log.info("input %s: %s (%s)", split, "cached in memory" if keep else "not cached", why)
+    if keep:
+        ds = ds.cache()
+        # Fill the in-memory cache with one pass now. Keras starts each epoch's iterator
+        # while the previous one may still be alive (prefetch threads); a second
+        # iterator over a half-filled cache reads only what is cached (seen: a
+        # validation pass over 89 of 180 examples). A complete cache is the same for
+        # every iterator.
+        ds.reduce(np.int64(0), lambda count, _: count + 1)
     if shuffle:
         ds = ds.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
+    if AUGMENTS[augment]:
+        ds = augmented(ds, AUGMENTS[augment], seed)
     return ds.batch(global_batch_size).prefetch(tf.data.AUTOTUNE)
+
+
+def decoded_bytes(builder: Any, split: str) -> int | None:
+    """The split's size once decoded (examples x image bytes + labels), from the
+    dataset's info; None when the info does not say (no split sizes, or images of
+    unknown shape)."""
+    import numpy as np
+
+    info = builder.info
+    try:
+        examples = info.splits[split].num_examples
+        image = info.features[info.supervised_keys[0]]
+        shape = tuple(image.shape)
+        itemsize = np.dtype(image.np_dtype).itemsize
+    except (KeyError, ValueError, TypeError, AttributeError, IndexError):
+        return None
+    if not examples or any(d is None for d in shape):
+        return None
+    return int(examples) * (int(np.prod(shape)) * itemsize + LABEL_BYTES)
+
+
+def available_memory() -> int | None:
+    """Bytes this process may still use: ``MemAvailable`` from /proc/meminfo, lowered to
+    what the cgroup's limit leaves (a Kubernetes pod's memory limit); None off Linux."""
+    limits = []
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                limits.append(int(line.split()[1]) * 1024)
+    except OSError:
+        pass
+    for limit_file, usage_file in (("memory.max", "memory.current"),  # cgroup v2, v1
+                                   ("memory/memory.limit_in_bytes",
+                                    "memory/memory.usage_in_bytes")):
+        try:
+            limit = (Path("/sys/fs/cgroup") / limit_file).read_text().strip()
+            usage = int((Path("/sys/fs/cgroup") / usage_file).read_text())
+        except (OSError, ValueError):
+            continue
+        if limit.isdigit() and int(limit) < 1 << 60:  # "max" or a huge v1 number: none
+            limits.append(max(0, int(limit) - usage))
+        break
+    return min(limits) if limits else None
+
+
+def cache_plan(mode: str, size: int | None, available: int | None) -> tuple[bool, str]:
+    """Whether to cache the decoded split in memory, and why (logged)."""
+    if mode == "memory":
+        return True, "dataset.input_cache is 'memory'"
+    if mode == "none":
+        return False, "dataset.input_cache is 'none': decoded again every epoch"
+    if size is None:
+        return True, "dataset.input_cache 'auto': the dataset's info gives no size, cached"
+    if available is None:
+        return True, f"dataset.input_cache 'auto': {_mb(size)} decoded, memory unknown"
+    budget = available // CACHE_SHARE
+    fits = size <= budget
+    return fits, (f"dataset.input_cache 'auto': {_mb(size)} decoded "
+                  f"{'fits in' if fits else 'exceeds'} {_mb(budget)}, a quarter of the "
+                  f"{_mb(available)} available" + ("" if fits else
+                                                  ": decoded again every epoch"))
+
+
+def _mb(size: int) -> str:
+    return f"{size / 2**20:,.1f} MB"
+
+
+def augmented(ds: Any, ops: tuple[str, ...], seed: int) -> Any:
+    """``ds`` with each image randomly changed by ``ops`` (``flip``, ``crop``) in a
+    parallel, order-keeping map. Every example gets its own seed pair from
+    ``Dataset.random(seed)``, drawn anew for each epoch's iterator."""
+    import tensorflow as tf
+
+    seeds = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True).batch(2)
+
+    def change(example: Any, pair: Any) -> Any:
+        image, label = example
+        shape = image.shape
+        if shape.rank != 3 or not shape.is_fully_defined():
+            raise DatasetError(f"dataset.augment needs images of one shape (height, "
+                               f"width, channels), got {shape}")
+        flip_seed, crop_seed = tf.unstack(tf.random.experimental.stateless_split(pair, 2))
+        if "flip" in ops:
+            image = tf.image.stateless_random_flip_left_right(image, flip_seed)
+        if "crop" in ops:
+            pad_h, pad_w = max(1, shape[0] // 8), max(1, shape[1] // 8)
+            padded = tf.pad(image, [[pad_h, pad_h], [pad_w, pad_w], [0, 0]],
+                            mode="REFLECT" if min(shape[0], shape[1]) > 1 else "CONSTANT")
+            image = tf.image.stateless_random_crop(padded, size=list(shape), seed=crop_seed)
+        return tf.ensure_shape(image, shape), label
+
+    return tf.data.Dataset.zip((ds, seeds)).map(
+        change, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)

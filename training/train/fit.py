@@ -229,13 +229,13 @@ def _train(cfg: RunConfig, staged: StagedDataset, resolved: Any,
 
     builder = load_builder(staged)
     info = dataset_info(builder)
-    splits = split_names(builder, cfg.dataset.validation_fraction)
-    batch = resolved.global_batch_size
-    train_ds = make_dataset(builder, splits["train"], global_batch_size=batch,
-                            shuffle=True, seed=cfg.fit.seed,
-                            shuffle_buffer=cfg.dataset.shuffle_buffer)
+    data, batch = cfg.dataset, resolved.global_batch_size
+    splits = split_names(builder, data.validation_fraction)
+    train_ds = make_dataset(builder, splits["train"], global_batch_size=batch, shuffle=True,
+                            seed=cfg.fit.seed, shuffle_buffer=data.shuffle_buffer,
+                            cache=data.input_cache, augment=data.augment)
     val_ds = make_dataset(builder, splits["validation"], global_batch_size=batch,
-                          shuffle=False, seed=cfg.fit.seed)
+                          shuffle=False, seed=cfg.fit.seed, cache=data.input_cache)
 
     with resolved.strategy.scope():
         model = models.build(cfg.model.name, info["input_shape"], info["num_classes"],
