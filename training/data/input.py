@@ -189,19 +189,19 @@ def _mb(size: int) -> str:
 
 def augmented(ds: Any, ops: tuple[str, ...], seed: int) -> Any:
     """``ds`` with each image randomly changed by ``ops`` (``flip``, ``crop``) in a
-    parallel, order-keeping map. Every example gets its own seed pair from
-    ``Dataset.random(seed)``, drawn anew for each epoch's iterator."""
+    parallel, order-keeping map. Every example gets its own draw from
+    ``Dataset.random(seed)`` (anew for each epoch's iterator), the seed of its ops."""
     import tensorflow as tf
 
-    seeds = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True).batch(2)
+    draws = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True)
 
-    def change(example: Any, pair: Any) -> Any:
+    def change(example: Any, draw: Any) -> Any:
         image, label = example
         shape = image.shape
         if shape.rank != 3 or not shape.is_fully_defined():
             raise DatasetError(f"dataset.augment needs images of one shape (height, "
                                f"width, channels), got {shape}")
-        flip_seed, crop_seed = tf.unstack(tf.random.experimental.stateless_split(pair, 2))
+        flip_seed, crop_seed = tf.stack([draw, 0]), tf.stack([draw, 1])  # one per op
         if "flip" in ops:
             image = tf.image.stateless_random_flip_left_right(image, flip_seed)
         if "crop" in ops:
@@ -211,5 +211,5 @@ def augmented(ds: Any, ops: tuple[str, ...], seed: int) -> Any:
             image = tf.image.stateless_random_crop(padded, size=list(shape), seed=crop_seed)
         return tf.ensure_shape(image, shape), label
 
-    return tf.data.Dataset.zip((ds, seeds)).map(
+    return tf.data.Dataset.zip((ds, draws)).map(
         change, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
