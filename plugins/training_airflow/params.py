@@ -69,7 +69,9 @@ DEVICE_FORMAT = "device name like /gpu:0 or /cpu:0"
 # Form labels where "the key with spaces" reads badly.
 TITLES = {"lr_scaling": "Learning-rate scaling", "min_lr": "Minimum learning rate",
           "num_gpus": "Number of GPUs", "tpu": "TPU name", "jit_compile": "XLA (jit_compile)",
-          "backup_interval_s": "Backup interval (s)", "monitor": "Monitored metric"}
+          "backup_interval_s": "Backup interval (s)", "monitor": "Monitored metric",
+          "all_reduce": "All-reduce implementation",
+          "gradient_pack_mb": "Gradient pack size (MiB)"}
 
 
 def format_name(spec: FieldSpec) -> str:

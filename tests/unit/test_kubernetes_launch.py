@@ -389,6 +389,9 @@ def test_options_from_dict_rejects_unknown_keys_and_round_trips():
     ({"num_gpus": 2}, {}, "runtime.accelerator must be 'gpu' when runtime.num_gpus"),
     ({"strategy": "tpu", "accelerator": "gpu"}, {},
      "runtime.accelerator must be 'tpu' when runtime.strategy is 'tpu', got 'gpu'"),
+    ({"all_reduce": "nccl", "workers": 2}, {},
+     r"runtime.accelerator must be 'gpu' when runtime.all_reduce is 'nccl' \(NCCL needs a "
+     r"GPU on every worker\), got 'cpu'; or set runtime.all_reduce to 'auto' or 'ring'"),
 ])
 def test_config_and_options_must_agree(flat, options, match):
     cfg = RunConfig.from_flat(flat)

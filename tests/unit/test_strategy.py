@@ -1,3 +1,4 @@
+import itertools
 import math
 
 import pytest
@@ -163,3 +164,89 @@ print("DEVICES", [d.name for d in tf.config.list_logical_devices()])
 ])
 def test_steps_per_execution_auto(requested, kind, expected):
     assert st.steps_per_execution(requested, kind) == expected
+
+
+def test_all_reduce_and_gradient_pack_settings_refuse_bad_values():
+    with pytest.raises(ConfigError, match=r"runtime.all_reduce must be one of 'auto', 'ring', "
+                                          r"'nccl', got 'hierarchical'"):
+        RunConfig.from_flat({"all_reduce": "hierarchical"})
+    with pytest.raises(ConfigError, match="runtime.gradient_pack_mb must be between 0 and "
+                                          "4096, got -1"):
+        RunConfig.from_flat({"gradient_pack_mb": -1})
+
+
+def test_resolve_builds_multi_worker_with_the_configured_communication_options():
+    """A real MultiWorkerMirroredStrategy (no TF_CONFIG: TensorFlow's one-worker mode)
+    carries the timeout, implementation and pack size the config asks for."""
+    import tensorflow as tf
+
+    cfg = RunConfig.from_flat({"strategy": "multi_worker", "all_reduce": "ring",
+                               "gradient_pack_mb": 4, "collective_timeout_s": 60})
+    resolved = st.resolve(cfg)
+    assert isinstance(resolved.strategy, tf.distribute.MultiWorkerMirroredStrategy)
+    options = resolved.strategy.extended._communication_options
+    assert options.bytes_per_pack == 4 * 1024 * 1024
+    assert options.timeout_seconds == 60
+    assert options.implementation == tf.distribute.experimental.CommunicationImplementation.RING
+    default = st.communication_options(RuntimeConfig(collective_timeout_s=0), gpus=0)
+    assert (default.bytes_per_pack, default.timeout_seconds, default.implementation.value) == (
+        0, None, "AUTO")
+
+
+def test_nccl_without_a_gpu_is_refused_when_the_strategy_is_built():
+    import tensorflow as tf
+
+    if tf.config.list_physical_devices("GPU"):
+        pytest.skip("this machine has a GPU: NCCL is allowed here")
+    cfg = RunConfig.from_flat({"strategy": "multi_worker", "all_reduce": "nccl"})
+    with pytest.raises(ConfigError, match=r"runtime.all_reduce is 'nccl', which needs a GPU on "
+                                          r"every worker, but this worker sees none.*use "
+                                          r"'auto' or 'ring' \(allowed: auto, ring, nccl\)"):
+        st.resolve(cfg)
+    assert st.communication_options(cfg.runtime, gpus=1).implementation.value == "NCCL"
+
+
+_KEY_BASES = itertools.count(7_000_000, 100_000)
+
+
+@pytest.mark.parametrize(("pack_mb", "packs"), [(0, 1), (1, 2)])
+def test_keras_fit_all_reduces_its_gradients_with_the_strategy_options(pack_mb, packs,
+                                                                       monkeypatch):
+    """Keras 3's optimizer all-reduces the gradients through ReplicaContext.all_reduce
+    with no options of its own, so the strategy's options decide the collectives of
+    fit's train step: their implementation, timeout and number (one per pack and
+    replica). A MultiWorkerMirroredStrategy over this process's two CPU devices runs
+    the same collective all-reduce as two workers do."""
+    import keras
+    import numpy as np
+    import tensorflow as tf
+    from tensorflow.python.eager import context
+
+    runtime = RuntimeConfig(all_reduce="ring", gradient_pack_mb=pack_mb, collective_timeout_s=77)
+    # Collective group keys start at the class's key base: two strategies over the same
+    # devices in one process would otherwise share keys (TF's own tests move it too).
+    monkeypatch.setattr(tf.distribute.MultiWorkerMirroredStrategy, "_collective_key_base",
+                        next(_KEY_BASES))
+    strategy = tf.distribute.MultiWorkerMirroredStrategy._from_local_devices(
+        ["/cpu:0", "/cpu:1"], communication_options=st.communication_options(runtime, gpus=0))
+    with strategy.scope():
+        inputs = keras.Input((64,))
+        hidden = keras.layers.Dense(512, activation="relu")(inputs)  # 128 KiB of kernel
+        hidden = keras.layers.Dense(512, activation="relu")(hidden)  # 1 MiB
+        model = keras.Model(inputs, keras.layers.Dense(10)(hidden))
+        model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      steps_per_execution=1)
+    data = tf.data.Dataset.from_tensor_slices(
+        (np.ones((32, 64), "float32"), np.zeros(32, "int64"))).batch(16)
+    before = set(context.context().list_function_names())
+    model.fit(data, epochs=1, verbose=0)
+    collectives = [
+        node for name in set(context.context().list_function_names()) - before
+        for node in context.context().get_function_def(name).node_def
+        if node.op.startswith("CollectiveReduce") and "one_step_on_data" in name
+    ]
+    # TF packs the reversed gradient list greedily: with 1 MiB, [dense_2's, dense_1's]
+    # then [dense's]; with 0, everything in one concatenated all-reduce.
+    assert len(collectives) == packs * strategy.num_replicas_in_sync
+    assert {n.attr["communication_hint"].s for n in collectives} == {b"ring"}
+    assert {n.attr["timeout_seconds"].f for n in collectives} == {77.0}

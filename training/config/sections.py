@@ -169,6 +169,20 @@ class RuntimeConfig(Section):
         "run instead of hanging (0: no limit).", key="collective_timeout_s",
         minimum=0, maximum=86_400,
     )
+    all_reduce: str = setting(
+        "auto", "Multi-worker all-reduce implementation (tf.distribute "
+        "CommunicationImplementation): auto lets TensorFlow choose (ring on CPU), ring "
+        "is its gRPC ring, nccl needs a GPU on every worker (refused when the strategy is "
+        "built on a worker that has none).", key="all_reduce",
+        enum=["auto", "ring", "nccl"],
+    )
+    gradient_pack_mb: int = setting(
+        0, "Multi-worker gradient packing (CommunicationOptions bytes_per_pack, in MiB): "
+        "the gradients are all-reduced in packs of at least this size, so the first "
+        "packs can start while later gradients are computed; 0 is TensorFlow's default: "
+        "all of them concatenated into one all-reduce per step.",
+        key="gradient_pack_mb", minimum=0, maximum=4096,
+    )
     jit_compile: bool = setting(False, "Compile the train step with XLA.", key="jit_compile")
     mixed_precision: str = setting(
         "auto", "Keras dtype policy; auto is mixed_bfloat16 on TPU and float32 elsewhere "

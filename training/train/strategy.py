@@ -177,10 +177,8 @@ def resolve(
     if kind == "tpu":
         strategy = _tpu_strategy(resolver, runtime.tpu)
     elif kind == "multi_worker":
-        timeout = runtime.collective_timeout_s or None  # a peer that never answers
         strategy = tf.distribute.MultiWorkerMirroredStrategy(
-            communication_options=tf.distribute.experimental.CommunicationOptions(
-                timeout_seconds=timeout))
+            communication_options=communication_options(runtime, gpus=len(gpu_names)))
     elif kind == "mirrored":
         strategy = tf.distribute.MirroredStrategy(devices=devices)
     else:
@@ -202,6 +200,38 @@ def resolve(
         cfg.fit.batch_size, resolved.learning_rate, cfg.fit.lr_scaling, cfg.fit.learning_rate,
     )
     return resolved
+
+
+ALL_REDUCE = {"auto": "AUTO", "ring": "RING", "nccl": "NCCL"}  # CommunicationImplementation
+
+
+def communication_options(runtime: RuntimeConfig, *, gpus: int) -> Any:
+    """The ``CommunicationOptions`` of a MultiWorkerMirroredStrategy: the collective
+    timeout, the all-reduce implementation and the gradient pack size.
+
+    They are the strategy's defaults, and Keras 3's optimizer all-reduces the gradients
+    through ``ReplicaContext.all_reduce`` without options of its own, so they reach
+    fit's gradients (docs/multiworker.md, "Communication options"). ``gpus``: the GPUs
+    this worker sees. TensorFlow accepts ``nccl`` without a GPU, logs a warning and
+    runs its ring instead; that is refused here, on every worker, so a run that asked
+    for NCCL never trains on something else.
+    """
+    import tensorflow as tf
+
+    if runtime.all_reduce not in ALL_REDUCE:
+        raise ConfigError(f"runtime.all_reduce must be one of {', '.join(ALL_REDUCE)}, "
+                          f"got {runtime.all_reduce!r}")
+    if runtime.all_reduce == "nccl" and not gpus:
+        raise ConfigError(
+            "runtime.all_reduce is 'nccl', which needs a GPU on every worker, but this "
+            "worker sees none (runtime.accelerator 'cpu' hides them); use 'auto' or "
+            "'ring' (allowed: auto, ring, nccl)")
+    return tf.distribute.experimental.CommunicationOptions(
+        bytes_per_pack=runtime.gradient_pack_mb * 1024 * 1024,
+        timeout_seconds=runtime.collective_timeout_s or None,  # a peer that never answers
+        implementation=getattr(tf.distribute.experimental.CommunicationImplementation,
+                               ALL_REDUCE[runtime.all_reduce]),
+    )
 
 
 def _one_device(runtime: RuntimeConfig, device: str) -> Any:

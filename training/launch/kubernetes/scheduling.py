@@ -45,6 +45,12 @@ def check_accelerator(cfg: RunConfig, options: KubernetesOptions) -> None:
             f"runtime.accelerator must be 'gpu' when runtime.num_gpus or runtime.devices "
             f"name GPUs, got {runtime.accelerator!r}"
         )
+    if runtime.all_reduce == "nccl" and runtime.workers > 1 and runtime.accelerator != "gpu":
+        raise ConfigError(  # the pods would get no GPU; every worker would refuse to start
+            f"runtime.accelerator must be 'gpu' when runtime.all_reduce is 'nccl' (NCCL "
+            f"needs a GPU on every worker), got {runtime.accelerator!r}; or set "
+            f"runtime.all_reduce to 'auto' or 'ring'"
+        )
     if runtime.accelerator == "tpu":
         chips = math.prod(int(n) for n in options.tpu_topology.split("x"))
         if chips != runtime.workers * options.tpu_chips_per_worker:
