@@ -224,8 +224,7 @@ def communication_options(runtime: RuntimeConfig, *, gpus: int) -> Any:
     if runtime.all_reduce == "nccl" and not gpus:
         raise ConfigError(
             "runtime.all_reduce is 'nccl', which needs a GPU on every worker, but this "
-            "worker sees none (runtime.accelerator 'cpu' hides them); use 'auto' or "
-            "'ring' (allowed: auto, ring, nccl)")
+            "worker sees none; use 'auto' or 'ring' (allowed: auto, ring, nccl)")
     return tf.distribute.experimental.CommunicationOptions(
         bytes_per_pack=runtime.gradient_pack_mb * 1024 * 1024,
         timeout_seconds=runtime.collective_timeout_s or None,  # a peer that never answers
