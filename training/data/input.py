@@ -2,7 +2,7 @@
 
 ``load_builder`` reads a staged dataset back (no preparation), ``split_names`` gives
 the tfds split expressions for train, validation and test, and ``make_dataset`` builds
-the ``as_supervised`` pipeline that training iterates, in these stages::
+the ``as_supervised`` pipeline that training and evaluation iterate, in these stages::
 
     read shards (parallel interleave) -> decode (parallel map) -> [cache in memory]
         -> [seeded shuffle] -> [augment (parallel map)] -> batch -> prefetch
