@@ -1,4 +1,4 @@
-"""Benchmark 10: the input path for real images, against a plain tf.data reference.
+"""Benchmark 11: the input path for real images, against a plain tf.data reference.
 
 ``--images`` JPEGs (default 3,000) of 96 to 192 pixels a side, RGB, 10 labels, are
 written as a team's partition ``dt=2026-11-30/<label>/<n>.jpg`` (``_SUCCESS`` last).

@@ -19,7 +19,7 @@ and the Keras 3 compatibility layer, as ``training.launch.worker`` does. Each wo
 2. **bytes per step**: the trainable variables' sizes x dtype size, and the packs TF
    makes of them (``cross_device_utils.group_by_size``, what ``CollectiveAllReduce``
    calls);
-3. **fit**: ``model.fit`` of the built-in model (default ``cnn``) on generated images
+3. **fit**: ``model.fit`` of the built-in model (default ``mlp``) on generated images
    (28x28x1 uint8, 10 classes, ``--examples`` per epoch, ``AutoShardPolicy.DATA``),
    batch ``--batch`` per replica, Adam, the automatic ``steps_per_execution`` (10), no
    validation; examples/s of the median epoch from epoch 2 on. TF's INFO line for the
@@ -35,7 +35,7 @@ time, the bytes per step and the measured per-collective latency (the formula is
 printed). Reported, no target.
 
     .venv/bin/python bench/multiworker_comm.py [--configs default ring pack1 pack4 pack32
-        no-timeout] [--reps 1] [--epochs 4] [--examples 6400] [--iters 30]
+        no-timeout] [--reps 1] [--epochs 4] [--examples 12800] [--iters 30]
 """
 
 from __future__ import annotations

@@ -45,9 +45,9 @@ def open_registry(cfg: RunConfig, options: S3Options | None = None) -> ModelRegi
     return ModelRegistry(open_store(cfg.storage.store_uri, options))
 
 
-def _test_split(builder: Any, seed: int) -> Any:
+def _test_split(builder: Any, cfg: RunConfig) -> Any:
     return make_dataset(builder, "test", global_batch_size=TEST_BATCH, shuffle=False,
-                        seed=seed)
+                        seed=cfg.fit.seed, cache=cfg.dataset.input_cache)
 
 
 def _load(path: str | Path) -> Any:
@@ -107,7 +107,7 @@ def _evaluate(cfg: RunConfig, staged: StagedDataset, registry: ModelRegistry,
         (out / layout.DATA_STATS).write_text(json.dumps(data_stats, indent=2) + "\n")
     staging.verify(staged)
     builder = load_builder(staged)
-    test = _test_split(builder, cfg.fit.seed)
+    test = _test_split(builder, cfg)
     holdout_data, holdout = _holdout(cfg, builder, holdout_options)
     model = _load(out / layout.MODEL_FILE)
     # What promotion checks (a safe load, finite outputs), done here on the file as it

@@ -175,7 +175,7 @@ def test_two_workers_train_in_lockstep_and_only_the_chief_writes(tmp_path, stage
 
     from training.train.callbacks.weights_report import weights_digest
 
-    # With augmentation: every worker draws the same seeds for the elements it keeps.
+    # With augmentation: the seeded stream goes through the data sharding of 2 workers.
     cfg = _train_cfg(tmp_path, staged_digits, augment="flip_crop")
     report_dir = tmp_path / "report"
     result = local.run(cfg, staged=staged_digits, report_dir=report_dir, timeout_s=300)

@@ -96,7 +96,8 @@ class DatasetConfig(Section):
     augment: str = setting(
         "none", "Random changes to each training image in the tf.data pipeline (parallel, "
         "on the CPU, seeded by fit.seed): flip (left-right), crop (pad by 1/8 of each "
-        "side, crop back at a random place), flip_crop (both), none.", key="augment",
+        "side, at least 1 pixel, crop back at a random place), flip_crop (both), none.",
+        key="augment",
         enum=["none", "flip", "crop", "flip_crop"],
     )
 

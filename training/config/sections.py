@@ -171,13 +171,15 @@ class RuntimeConfig(Section):
     )
     all_reduce: str = setting(
         "auto", "Multi-worker all-reduce implementation (tf.distribute "
-        "CommunicationImplementation): auto lets TensorFlow choose (ring on CPU), ring "
-        "is its gRPC ring, nccl needs a GPU on every worker (refused when the strategy is "
-        "built on a worker that has none).", key="all_reduce",
+        "CommunicationImplementation; other strategies ignore it): auto lets TensorFlow "
+        "choose (ring on CPU), ring is its gRPC ring, nccl needs a GPU on every worker "
+        "(refused when the strategy is built on a worker that has none).",
+        key="all_reduce",
         enum=["auto", "ring", "nccl"],
     )
     gradient_pack_mb: int = setting(
-        0, "Multi-worker gradient packing (CommunicationOptions bytes_per_pack, in MiB): "
+        0, "Multi-worker gradient packing (CommunicationOptions bytes_per_pack, in MiB; "
+        "other strategies ignore it): "
         "each step's gradients are all-reduced in packs of at least this size, several "
         "smaller collectives instead of one (pays for large models: 4 for ResNet50's "
         "94 MB); 0 is TensorFlow's default: all of them concatenated into one.",

@@ -15,8 +15,8 @@ the ``as_supervised`` pipeline that training and evaluation iterate, in these st
   once, when their snapshot is staged (``images.py``, 16 threads), not every epoch.
 * **cache**: ``dataset.input_cache``. ``auto`` keeps the decoded split in memory when
   its size (examples x image bytes, from the dataset's info) fits in a quarter of the
-  memory available to this process (``MemAvailable``, or the container's cgroup limit
-  when lower); otherwise every epoch reads and decodes again, in parallel.
+  memory available to this process (``MemAvailable``, or what the container's cgroup
+  limit leaves when lower); otherwise every epoch reads and decodes again, in parallel.
 * **augment**: ``dataset.augment``, training split only, after the shuffle: a
   per-example parallel map of stateless random ops (``flip``, ``crop``). Their seeds
   come from ``tf.data.Dataset.random(fit.seed)``, zipped with the examples and drawn
@@ -70,7 +70,6 @@ def split_names(builder: Any, validation_fraction: float) -> dict[str, str]:
             "test": "test"}
 
 
-AUGMENTS = {"none": (), "flip": ("flip",), "crop": ("crop",), "flip_crop": ("flip", "crop")}
 CACHE_SHARE = 4  # auto caches a split whose decoded size fits in 1/CACHE_SHARE of memory
 LABEL_BYTES = 8  # an int64 class label beside each image
 
@@ -117,8 +116,8 @@ def make_dataset(
         ds.reduce(np.int64(0), lambda count, _: count + 1)
     if shuffle:
         ds = ds.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
-    if AUGMENTS[augment]:
-        ds = augmented(ds, AUGMENTS[augment], seed)
+    if augment != "none":  # flip, crop, flip_crop
+        ds = augmented(ds, tuple(augment.split("_")), seed)
     return ds.batch(global_batch_size).prefetch(tf.data.AUTOTUNE)
 
 
@@ -141,28 +140,51 @@ def decoded_bytes(builder: Any, split: str) -> int | None:
     return int(examples) * (int(np.prod(shape)) * itemsize + LABEL_BYTES)
 
 
-def available_memory() -> int | None:
+def available_memory(root: Path = Path("/")) -> int | None:
     """Bytes this process may still use: ``MemAvailable`` from /proc/meminfo, lowered to
-    what the cgroup's limit leaves (a Kubernetes pod's memory limit); None off Linux."""
+    what its cgroup's memory limit leaves (a Kubernetes pod's limit); None off Linux.
+
+    The cgroup's usage counts the page cache, which the kernel gives back under
+    pressure: its inactive files are not counted as used (as the kubelet's working set
+    does), or a pod that has just read its shards would see no memory at all. ``root``:
+    where /proc and /sys are (tests)."""
     limits = []
     try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
+        for line in (root / "proc/meminfo").read_text().splitlines():
             if line.startswith("MemAvailable:"):
                 limits.append(int(line.split()[1]) * 1024)
     except OSError:
         pass
-    for limit_file, usage_file in (("memory.max", "memory.current"),  # cgroup v2, v1
-                                   ("memory/memory.limit_in_bytes",
-                                    "memory/memory.usage_in_bytes")):
+    left = _cgroup_left(root)
+    if left is not None:
+        limits.append(left)
+    return min(limits) if limits else None
+
+
+def _cgroup_left(root: Path) -> int | None:
+    """The memory the process's cgroup limit leaves (v2, else v1); None without one."""
+    try:
+        own = next((line.split(":", 2)[2].strip() for line in
+                    (root / "proc/self/cgroup").read_text().splitlines()
+                    if line.startswith("0::")), "/")
+    except OSError:
+        own = "/"
+    v2 = root / "sys/fs/cgroup" / own.lstrip("/")
+    for base, limit_file, usage_file, inactive in (
+            (v2, "memory.max", "memory.current", "inactive_file"),
+            (root / "sys/fs/cgroup/memory", "memory.limit_in_bytes", "memory.usage_in_bytes",
+             "total_inactive_file")):
         try:
-            limit = (Path("/sys/fs/cgroup") / limit_file).read_text().strip()
-            usage = int((Path("/sys/fs/cgroup") / usage_file).read_text())
+            limit = (base / limit_file).read_text().strip()
+            usage = int((base / usage_file).read_text())
+            stat = dict(line.split() for line in (base / "memory.stat").read_text()
+                        .splitlines() if len(line.split()) == 2)
         except (OSError, ValueError):
             continue
-        if limit.isdigit() and int(limit) < 1 << 60:  # "max" or a huge v1 number: none
-            limits.append(max(0, int(limit) - usage))
-        break
-    return min(limits) if limits else None
+        if not limit.isdigit() or int(limit) >= 1 << 60:  # "max" or v1's huge number
+            return None
+        return max(0, int(limit) - usage + int(stat.get(inactive, 0)))
+    return None
 
 
 def cache_plan(mode: str, size: int | None, available: int | None) -> tuple[bool, str]:
@@ -199,17 +221,23 @@ def augmented(ds: Any, ops: tuple[str, ...], seed: int) -> Any:
         image, label = example
         shape = image.shape
         if shape.rank != 3 or not shape.is_fully_defined():
-            raise DatasetError(f"dataset.augment needs images of one shape (height, "
-                               f"width, channels), got {shape}")
+            raise DatasetError(f"dataset.augment {'_'.join(ops)!r} needs images of one "
+                               f"shape (height, width, channels), got {shape}; or set "
+                               "dataset.augment to 'none'")
         flip_seed, crop_seed = tf.stack([draw, 0]), tf.stack([draw, 1])  # one per op
         if "flip" in ops:
             image = tf.image.stateless_random_flip_left_right(image, flip_seed)
         if "crop" in ops:
-            pad_h, pad_w = max(1, shape[0] // 8), max(1, shape[1] // 8)
-            padded = tf.pad(image, [[pad_h, pad_h], [pad_w, pad_w], [0, 0]],
-                            mode="REFLECT" if min(shape[0], shape[1]) > 1 else "CONSTANT")
+            pad_h, pad_w = _crop_pad(shape[0]), _crop_pad(shape[1])
+            padded = tf.pad(image, [[pad_h, pad_h], [pad_w, pad_w], [0, 0]], mode="REFLECT")
             image = tf.image.stateless_random_crop(padded, size=list(shape), seed=crop_seed)
         return tf.ensure_shape(image, shape), label
 
     return tf.data.Dataset.zip((ds, draws)).map(
         change, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+
+
+def _crop_pad(side: int) -> int:
+    """The reflected padding a crop moves within: 1/8 of the side, at least 1 pixel,
+    none for a side of 1 (nothing to reflect)."""
+    return 0 if side < 2 else max(1, side // 8)

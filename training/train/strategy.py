@@ -218,9 +218,6 @@ def communication_options(runtime: RuntimeConfig, *, gpus: int) -> Any:
     """
     import tensorflow as tf
 
-    if runtime.all_reduce not in ALL_REDUCE:
-        raise ConfigError(f"runtime.all_reduce must be one of {', '.join(ALL_REDUCE)}, "
-                          f"got {runtime.all_reduce!r}")
     if runtime.all_reduce == "nccl" and not gpus:
         raise ConfigError(
             "runtime.all_reduce is 'nccl', which needs a GPU on every worker, but this "
