@@ -202,9 +202,6 @@ def resolve(
     return resolved
 
 
-ALL_REDUCE = {"auto": "AUTO", "ring": "RING", "nccl": "NCCL"}  # CommunicationImplementation
-
-
 def communication_options(runtime: RuntimeConfig, *, gpus: int) -> Any:
     """The ``CommunicationOptions`` of a MultiWorkerMirroredStrategy: the collective
     timeout, the all-reduce implementation and the gradient pack size.
@@ -225,8 +222,8 @@ def communication_options(runtime: RuntimeConfig, *, gpus: int) -> Any:
     return tf.distribute.experimental.CommunicationOptions(
         bytes_per_pack=runtime.gradient_pack_mb * 1024 * 1024,
         timeout_seconds=runtime.collective_timeout_s or None,  # a peer that never answers
-        implementation=getattr(tf.distribute.experimental.CommunicationImplementation,
-                               ALL_REDUCE[runtime.all_reduce]),
+        implementation=tf.distribute.experimental.CommunicationImplementation[
+            runtime.all_reduce.upper()],  # AUTO, RING, NCCL
     )
 
 
