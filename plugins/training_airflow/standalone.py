@@ -41,28 +41,53 @@ USER = "admin"
 DAG_ID = "keras_retrain"
 
 
-def component_env(env: Mapping[str, str], host: str, port: int) -> dict[str, str]:
-    """The environment of every component: ports, URLs and sizes for one local machine."""
-    base_url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
-    venv_bin = os.fspath(Path(sys.executable).parent)
-    return {
-        **env,
-        # Anything that still looks `airflow` up finds this environment's.
-        "PATH": venv_bin + os.pathsep + env.get("PATH", os.defpath),
-        "PYTHONUNBUFFERED": "1",
+def component_env(env: Mapping[str, str], host: str | None = None, port: int | None = None,
+                  ) -> dict[str, str]:
+    """The environment of every component: ports, URLs and sizes for one local machine.
+
+    An ``AIRFLOW__...`` setting in ``env`` wins over the default here (Airflow's own
+    rule: the environment overrides the configuration); ``host`` and ``port``, when given
+    (``--host``, ``--port``), win over the environment and move everything that goes with
+    them. Without ``--port`` the port is ``AIRFLOW__API__PORT`` or 8080.
+    """
+    try:
+        effective_port = port or int(env.get("AIRFLOW__API__PORT") or 8080)
+    except ValueError:
+        raise ValueError("AIRFLOW__API__PORT must be a port number, got "
+                         f"{env['AIRFLOW__API__PORT']!r}") from None
+    effective_host = host or env.get("AIRFLOW__API__HOST") or "127.0.0.1"
+    url_host = "127.0.0.1" if effective_host in ("0.0.0.0", "::") else effective_host
+    base_url = f"http://{url_host}:{effective_port}"
+    defaults = {
         "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
         "AIRFLOW__CORE__AUTH_MANAGER":
             "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager",
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{USER}:admin",
         "AIRFLOW__CORE__PARALLELISM": str(max(2, os.cpu_count() or 2)),
         "AIRFLOW__DAG_PROCESSOR__PARSING_PROCESSES": "1",
-        "AIRFLOW__API__HOST": host,
-        "AIRFLOW__API__PORT": str(port),
         "AIRFLOW__API__WORKERS": "1",
+        "AIRFLOW__API__HOST": effective_host,
+        "AIRFLOW__API__PORT": str(effective_port),
+    }
+    by_port = {
+        "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(effective_port + 1),
+        "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(effective_port + 2),
+    }
+    urls = {
         "AIRFLOW__API__BASE_URL": base_url,
         "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{base_url}/execution/",
-        "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(port + 1),
-        "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(port + 2),
+    }
+    forced = {
+        **({"AIRFLOW__API__PORT": str(port), **by_port} if port else {}),
+        **({"AIRFLOW__API__HOST": host} if host else {}),
+        **(urls if port or host else {}),
+    }
+    venv_bin = os.fspath(Path(sys.executable).parent)
+    return {
+        **defaults, **by_port, **urls, **env, **forced,
+        # Anything that still looks `airflow` up finds this environment's.
+        "PATH": venv_bin + os.pathsep + env.get("PATH", os.defpath),
+        "PYTHONUNBUFFERED": "1",
     }
 
 
@@ -79,21 +104,34 @@ def _tail(path: Path, lines: int = 30) -> str:
 
 
 class Stack:
-    """The component processes, each in its own process group, logging to a file."""
+    """The component processes, each in its own process group, logging to a file.
 
-    def __init__(self, env: dict[str, str], log_dir: Path) -> None:
+    ``commands``: each component's ``airflow`` arguments by name (default: the four
+    components, each ``airflow <name>``); ``envs``: what one component's environment
+    adds to ``env`` (a Celery worker's log-server port)."""
+
+    def __init__(self, env: dict[str, str], log_dir: Path,
+                 commands: Mapping[str, Sequence[str]] | None = None,
+                 envs: Mapping[str, Mapping[str, str]] | None = None) -> None:
         self.env, self.log_dir = env, log_dir
+        self.commands = dict(commands or {name: [name] for name in COMPONENTS})
+        self.envs = dict(envs or {})
         self.procs: dict[str, subprocess.Popen] = {}
 
     def start(self) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        for name in COMPONENTS:
-            with open(self.log_dir / f"{name}.log", "ab") as log:
-                self.procs[name] = subprocess.Popen(
-                    [sys.executable, "-m", "airflow", name], env=self.env,
-                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                    start_new_session=True,
-                )
+        for name in self.commands:
+            self.restart(name)
+
+    def restart(self, name: str) -> None:
+        """Start component ``name`` (again, once its process has exited)."""
+        with open(self.log_dir / f"{name}.log", "ab") as log:
+            self.procs[name] = subprocess.Popen(
+                [sys.executable, "-m", "airflow", *self.commands[name]],
+                env={**self.env, **self.envs.get(name, {})},
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
 
     def dead(self) -> str | None:
         for name, proc in self.procs.items():
@@ -218,15 +256,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="./dev airflow", allow_abbrev=False,
         description="A local Airflow (api-server, scheduler, dag-processor, triggerer; "
                     "LocalExecutor) with the project's DAGs and plugins.")
-    parser.add_argument("--port", type=int, default=8080,
-                        help="UI and API port; the log servers use the next two (default 8080)")
-    parser.add_argument("--host", default="127.0.0.1",
-                        help="address the UI listens on (default 127.0.0.1; 0.0.0.0 for all)")
+    parser.add_argument("--port", type=int,
+                        help="UI and API port; the log servers use the next two (default: "
+                             "AIRFLOW__API__PORT, else 8080); wins over the environment")
+    parser.add_argument("--host",
+                        help="address the UI listens on (default: AIRFLOW__API__HOST, else "
+                             "127.0.0.1; 0.0.0.0 for all); wins over the environment")
     args = parser.parse_args(argv)
-    if not 1024 <= args.port <= 65533:
+    if args.port is not None and not 1024 <= args.port <= 65533:
         parser.error(f"--port must be between 1024 and 65533, got {args.port}")
     home = Path(os.environ["AIRFLOW_HOME"])
-    env = component_env(os.environ, args.host, args.port)
+    try:
+        env = component_env(os.environ, args.host, args.port)
+    except ValueError as exc:
+        parser.error(str(exc))
     stack = Stack(env, home / "logs" / "standalone")
 
     def stop(signum: int, frame: object) -> None:

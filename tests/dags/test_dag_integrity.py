@@ -229,6 +229,20 @@ def test_the_policy_is_registered_with_airflow():
     assert "training_airflow.policies" in names
 
 
+def test_airflow_calls_the_policy_without_local_settings():
+    """Airflow 3.3.2 skips ``task_instance_mutation_hook`` while its ``is_noop`` flag is
+    set, and only an ``airflow_local_settings`` module cleared it: the scheduler never
+    called the entry point's policy and a GPU run's train went to the default queue. A
+    fresh process, as every Airflow component starts, with no local settings anywhere."""
+    code = ("import airflow.settings as settings\n"
+            "print(settings.task_instance_mutation_hook.is_noop)\n"
+            "import importlib.util\n"
+            "print(importlib.util.find_spec('airflow_local_settings'))\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            check=True, env=os.environ)
+    assert result.stdout.split() == ["False", "None"], result.stdout + result.stderr
+
+
 def test_loading_the_plugins_folder_shadows_no_package():
     """Airflow imports every .py file under plugins/ as a top-level module; the glue
     package is ignored there (plugins/.airflowignore): a module of it named like an

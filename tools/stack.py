@@ -1,0 +1,284 @@
+"""``./dev stack``: the production configuration on one machine, as plain processes.
+
+What ``docker/compose.yaml`` deploys, for a team to try before it deploys and for the
+tests: PostgreSQL (Airflow's database and Celery's result backend), Redis (the broker,
+with a password), SeaweedFS (the S3 model store: a bucket and a store identity limited
+to it; Airflow never holds the S3 admin key), the api-server, scheduler, dag-processor
+and triggerer with the CeleryExecutor, and two Celery workers: one on the ``default``
+queue and one on the ``gpu`` queue (one task at a time; the CPU stands in for the GPU
+here), where the cluster policy sends ``train`` of a run triggered with
+``accelerator: gpu``.
+
+- Everything lives in ``.stack/`` (not committed): ``secrets.env`` (generated on first
+  start: the database and broker passwords, the S3 keys, the Fernet, API and JWT keys;
+  the names ``docker/.env`` uses), each server's data, ``airflow/`` (AIRFLOW_HOME),
+  ``data/`` (the training data directory every worker shares) and ``logs/``, one log a
+  process.
+- Airflow gets the same settings as in ``docker/compose.yaml``: ``AIRFLOW__...`` variables,
+  the store connection as ``AIRFLOW_CONN_AWS_DEFAULT``. A setting in the environment wins
+  (Airflow's rule); ``--port`` wins over the environment and moves every port: the UI on
+  P, log servers on P+1 (default worker), P+2 (triggerer), P+3 (gpu worker), PostgreSQL
+  on P+4, Redis on P+5, S3 on P+6 and SeaweedFS's own servers on P+7 to P+15.
+- Before Airflow starts, ``training_airflow.preflight`` checks the database, the broker
+  and the store with those settings: a wrong one stops the stack with one line that
+  names it.
+- A process that dies is started again (compose's ``restart: unless-stopped``), at most
+  ``MAX_RESTARTS`` times; Ctrl-C (or SIGTERM) stops everything the stack started and
+  nothing else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import signal
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from tools.services import PostgreSQL, Redis, S3Identity, SeaweedFS, Service, ServiceError
+from training_airflow import preflight
+from training_airflow.standalone import Stack, component_env, login_password, wait_ready
+
+ROOT = Path(__file__).resolve().parents[1]
+SECRETS = ("POSTGRES_PASSWORD", "REDIS_PASSWORD", "S3_ADMIN_ACCESS_KEY",
+           "S3_ADMIN_SECRET_KEY", "STORE_ACCESS_KEY", "STORE_SECRET_KEY",
+           "AIRFLOW_FERNET_KEY", "AIRFLOW_API_SECRET_KEY", "AIRFLOW_JWT_SECRET")
+PORTS = {"api": 0, "worker_log": 1, "trigger_log": 2, "gpu_worker_log": 3,
+         "postgres": 4, "redis": 5, "s3": 6}
+SPAN = PORTS["s3"] + len(SeaweedFS.PORTS)
+MAX_RESTARTS = 5
+DAG_ID = "keras_retrain"
+
+
+def load_secrets(path: Path) -> dict[str, str]:
+    """The stack's secrets; the missing ones generated and written (mode 0600)."""
+    values: dict[str, str] = {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            key, sep, value = line.partition("=")
+            if sep and not line.startswith("#"):
+                values[key.strip()] = value.strip()
+    missing = [name for name in SECRETS if not values.get(name)]
+    if missing:
+        from cryptography.fernet import Fernet
+
+        for name in missing:
+            values[name] = (Fernet.generate_key().decode() if name == "AIRFLOW_FERNET_KEY"
+                            else secrets.token_hex(8) if name.endswith("ACCESS_KEY")
+                            else secrets.token_urlsafe(24))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("# ./dev stack's secrets, generated on first start (never commit)\n"
+                        + "".join(f"{name}={values[name]}\n" for name in SECRETS))
+        path.chmod(0o600)
+    return values
+
+
+class ProductionStack:
+    """The servers and Airflow's processes of ``./dev stack`` under ``root``."""
+
+    def __init__(self, root: Path, env: Mapping[str, str], port: int | None,
+                 host: str | None) -> None:
+        self.root = root
+        self.logs = root / "logs"
+        base = port or int(env.get("AIRFLOW__API__PORT") or 8080)
+        self.ports = {name: base + offset for name, offset in PORTS.items()}
+        self.secrets = load_secrets(root / "secrets.env")
+        s = self.secrets
+        self.bucket = env.get("TRAINING_BUCKET", "models")
+        self.store_identity = S3Identity("store", s["STORE_ACCESS_KEY"],
+                                         s["STORE_SECRET_KEY"], (self.bucket,))
+        self.services: dict[str, Service] = {
+            "postgres": PostgreSQL(root / "postgres", self.ports["postgres"],
+                                   password=s["POSTGRES_PASSWORD"]),
+            "redis": Redis(root / "redis", self.ports["redis"], password=s["REDIS_PASSWORD"]),
+            "seaweedfs": SeaweedFS(
+                root / "seaweedfs", self.ports["s3"],
+                [S3Identity("admin", s["S3_ADMIN_ACCESS_KEY"], s["S3_ADMIN_SECRET_KEY"]),
+                 self.store_identity], buckets=[self.bucket]),
+        }
+        for name, service in self.services.items():
+            service.log = self.logs / f"{name}.log"
+        self.env = component_env({**self.defaults(), **env}, host, port)
+        self.airflow = Stack(self.env, self.logs, commands=self.commands(), envs={
+            "worker": {"AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT":
+                       str(self.ports["worker_log"])},
+            "worker-gpu": {"AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT":
+                           str(self.ports["gpu_worker_log"])},
+        })
+        self.restarts: dict[str, int] = {}
+
+    def defaults(self) -> dict[str, str]:
+        """Airflow's and the project's settings, as docker/compose.yaml passes them."""
+        s, pg = self.secrets, self.services["postgres"]
+        sw = self.services["seaweedfs"]
+        assert isinstance(pg, PostgreSQL) and isinstance(sw, SeaweedFS)
+        return {
+            "AIRFLOW_HOME": os.fspath(self.root / "airflow"),
+            "AIRFLOW__CORE__DAGS_FOLDER": os.fspath(ROOT / "dags"),
+            "AIRFLOW__CORE__PLUGINS_FOLDER": os.fspath(ROOT / "plugins"),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__CORE__EXECUTOR": "CeleryExecutor",
+            "AIRFLOW__CORE__FERNET_KEY": s["AIRFLOW_FERNET_KEY"],
+            "AIRFLOW__API__SECRET_KEY": s["AIRFLOW_API_SECRET_KEY"],
+            "AIRFLOW__API_AUTH__JWT_SECRET": s["AIRFLOW_JWT_SECRET"],
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": pg.url,
+            # psycopg2 by name: a bare db+postgresql:// picks psycopg 3 under SQLAlchemy 2.1
+            "AIRFLOW__CELERY__RESULT_BACKEND": "db+" + pg.url,
+            "AIRFLOW__CELERY__BROKER_URL": self.services["redis"].url,  # type: ignore[attr-defined]
+            "AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK": "true",
+            "AIRFLOW_CONN_AWS_DEFAULT": json.dumps(sw.connection(self.store_identity)),
+            "TRAINING_DATA_DIR": os.fspath(self.root / "data"),
+            "TRAINING_STORE_URI": f"s3://{self.bucket}/registry",
+            "TRAINING_AWS_CONN_ID": "aws_default",
+            "TRAINING_GPU_QUEUE": "gpu",
+            "TRAINING_SCHEDULE": "",
+            "TF_CPP_MIN_LOG_LEVEL": "2",
+        }
+
+    def commands(self) -> dict[str, list[str]]:
+        gpu_queue = self.env.get("TRAINING_GPU_QUEUE", "gpu")
+        concurrency = str(max(2, os.cpu_count() or 2))
+        return {
+            "api-server": ["api-server"], "scheduler": ["scheduler"],
+            "dag-processor": ["dag-processor"], "triggerer": ["triggerer"],
+            "worker": ["celery", "worker", "--queues", "default", "--concurrency",
+                       concurrency, "--celery-hostname", "default@%h"],
+            "worker-gpu": ["celery", "worker", "--queues", gpu_queue, "--concurrency", "1",
+                           "--celery-hostname", f"{gpu_queue}@%h"],
+        }
+
+    @property
+    def base_url(self) -> str:
+        return self.env["AIRFLOW__API__BASE_URL"]
+
+    def start(self) -> None:
+        self.logs.mkdir(parents=True, exist_ok=True)
+        for service in self.services.values():
+            service.start()
+        for line in preflight.check(self.env):
+            print(f"  ok: {line}", flush=True)
+        self.migrate()
+        self.airflow.start()
+        wait_ready(self.airflow, self.base_url)
+        self.wait_workers()
+
+    def migrate(self) -> None:
+        import subprocess
+
+        log = self.logs / "db-migrate.log"
+        with open(log, "wb") as out:
+            done = subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"],
+                                  env=self.env, stdout=out, stderr=subprocess.STDOUT,
+                                  stdin=subprocess.DEVNULL, check=False)
+        if done.returncode != 0:
+            raise ServiceError(f"airflow db migrate failed (exit {done.returncode}); log: {log}")
+
+    def wait_workers(self, timeout: float = 180.0) -> None:
+        """Until each Celery worker says it is ready (its own log's ``ready.`` line)."""
+        deadline = time.monotonic() + timeout
+        for name in ("worker", "worker-gpu"):
+            log = self.logs / f"{name}.log"
+            while " ready." not in (log.read_text(errors="replace") if log.exists() else ""):
+                if self.airflow.procs[name].poll() is not None or time.monotonic() > deadline:
+                    raise ServiceError(f"Celery {name} did not become ready; log: {log}")
+                time.sleep(0.5)
+
+    def watch(self) -> None:
+        """Start again whatever died, until Ctrl-C; give up after MAX_RESTARTS of one."""
+        while True:
+            for name, service in self.services.items():
+                if not service.alive():
+                    self._restarting(name, service.proc.returncode if service.proc else None)
+                    service.start()
+            for name, proc in list(self.airflow.procs.items()):
+                if proc.poll() is not None:
+                    self._restarting(name, proc.returncode)
+                    self.airflow.restart(name)
+            time.sleep(1.0)
+
+    def _restarting(self, name: str, code: int | None) -> None:
+        self.restarts[name] = self.restarts.get(name, 0) + 1
+        if self.restarts[name] > MAX_RESTARTS:
+            raise ServiceError(f"{name} exited {MAX_RESTARTS + 1} times; giving up "
+                               f"(log: {self.logs / name}.log)")
+        print(f"{name} exited with code {code}; starting it again "
+              f"({self.restarts[name]} of {MAX_RESTARTS})", flush=True)
+
+    def stop(self) -> None:
+        self.airflow.stop()
+        for service in reversed(list(self.services.values())):
+            service.stop()
+
+    def banner(self) -> str:
+        pg, redis = self.env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"], \
+            self.env["AIRFLOW__CELERY__BROKER_URL"]
+        sw = self.services["seaweedfs"]
+        assert isinstance(sw, SeaweedFS)
+        home = Path(self.env["AIRFLOW_HOME"])
+        return "\n".join([
+            "",
+            f"The production stack is ready: {self.base_url}/",
+            f"  login:      admin / {login_password(home)}",
+            f"  DAG:        {self.base_url}/dags/{DAG_ID} (trigger with accelerator gpu: "
+            "train runs on the gpu-queue worker)",
+            f"  Models:     {self.base_url}/models/",
+            f"  store:      {self.env['TRAINING_STORE_URI']} on {sw.endpoint} "
+            "(SeaweedFS; keys in secrets.env)",
+            f"  database:   {preflight.masked(pg)}",
+            f"  broker:     {preflight.masked(redis)}",
+            f"  secrets:    {self.root / 'secrets.env'}",
+            f"  logs:       {self.logs}/<process>.log, task logs in {home}/logs/",
+            "Stop with Ctrl-C.",
+            "",
+        ])
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="./dev stack", allow_abbrev=False,
+        description="The production configuration on one machine: PostgreSQL, Redis, "
+                    "SeaweedFS, Airflow with the CeleryExecutor, a default and a gpu worker.")
+    parser.add_argument("--port", type=int,
+                        help=f"UI port; the stack uses P to P+{SPAN - 1} (default: "
+                             "AIRFLOW__API__PORT, else 8080); wins over the environment")
+    parser.add_argument("--host", help="address the UI listens on (default 127.0.0.1)")
+    args = parser.parse_args(argv)
+    if args.port is not None and not 1024 <= args.port <= 65535 - SPAN:
+        parser.error(f"--port must be between 1024 and {65535 - SPAN}, got {args.port}")
+    root = Path(os.environ.get("TRAINING_STACK_DIR") or ROOT / ".stack")
+    try:
+        stack = ProductionStack(root, os.environ, args.port, args.host)
+    except (ValueError, ServiceError) as exc:
+        parser.error(str(exc))
+
+    def stop(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
+    print(f"starting the production stack in {root} (logs: {stack.logs}) ...", flush=True)
+    try:
+        stack.start()
+        print(stack.banner(), flush=True)
+        stack.watch()
+    except KeyboardInterrupt:
+        print("stopping the production stack ...", flush=True)
+        return 0
+    except (preflight.PreflightError, ServiceError) as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return 1
+    except SystemExit as exc:  # wait_ready: a component died or never became ready
+        print(exc, file=sys.stderr, flush=True)
+        return 1
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        stack.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
