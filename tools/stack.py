@@ -130,6 +130,9 @@ class ProductionStack:
             "AIRFLOW__CELERY__RESULT_BACKEND": "db+" + pg.url,
             "AIRFLOW__CELERY__BROKER_URL": self.services["redis"].url,  # type: ignore[attr-defined]
             "AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK": "true",
+            # A worker that dies with its tasks (a lost machine) is noticed in a minute
+            # rather than Airflow's default five, and the task goes to its retries.
+            "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "60",
             "AIRFLOW_CONN_AWS_DEFAULT": json.dumps(sw.connection(self.store_identity)),
             "TRAINING_DATA_DIR": os.fspath(self.root / "data"),
             "TRAINING_STORE_URI": f"s3://{self.bucket}/registry",

@@ -5,14 +5,10 @@ from __future__ import annotations
 
 import json
 import os
-import uuid
 
 import pytest
-from support.s3server import REGION
 
 pytestmark = pytest.mark.slow
-
-SECRET = f"never-log-me-{uuid.uuid4().hex}"
 
 
 def _states_and_xcoms(run_id: str) -> tuple[dict, dict]:
@@ -45,19 +41,18 @@ def _run_count() -> int:
 
 
 @pytest.fixture
-def dag(airflow_db, moto_server, monkeypatch):
+def dag(airflow_db, s3_server, monkeypatch):
     from airflow.dag_processing.dagbag import DagBag
 
-    bucket = moto_server.create_bucket()
+    bucket = s3_server.create_bucket()
     monkeypatch.setenv("TRAINING_STORE_URI", f"s3://{bucket}/team")
-    monkeypatch.setenv("AIRFLOW_CONN_AWS_DEFAULT", json.dumps({
-        "conn_type": "aws", "login": "test-access-key", "password": SECRET,
-        "extra": {"endpoint_url": moto_server.endpoint, "region_name": REGION},
-    }))
+    # The team's keys: the server refuses any other secret.
+    monkeypatch.setenv("AIRFLOW_CONN_AWS_DEFAULT", json.dumps(s3_server.connection()))
     return DagBag(os.environ["AIRFLOW__CORE__DAGS_FOLDER"]).dags["keras_retrain"]
 
 
-def test_first_run_promotes_second_records_why_not_invalid_conf_never_runs(dag, capfd):
+def test_first_run_promotes_second_records_why_not_invalid_conf_never_runs(
+        dag, s3_server, capfd):
     from airflow.sdk.exceptions import ParamValidationError
 
     from training.registry import open_store
@@ -110,13 +105,14 @@ def test_first_run_promotes_second_records_why_not_invalid_conf_never_runs(dag, 
     assert _run_count() == runs
 
     # The connection's secret never reaches logs, XCom or rendered fields.
+    secret = s3_server.team.secret_key
     out, err = capfd.readouterr()
     assert "Epoch 1/3" in out + err  # the training subprocess streamed into the task log
     for run in (first, second):
         _, run_xcoms = _states_and_xcoms(run.run_id)
-        assert SECRET not in json.dumps(list(run_xcoms.values()), default=str)
-        assert SECRET not in _rendered(run.run_id)
-    assert SECRET not in out + err
+        assert secret not in json.dumps(list(run_xcoms.values()), default=str)
+        assert secret not in _rendered(run.run_id)
+    assert secret not in out + err
 
 
 def test_an_undeclared_conf_key_fails_the_run_at_once_without_retries(dag):

@@ -17,7 +17,6 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from support.s3server import REGION
 
 from training.data import landing
 from training.errors import ConfigError, DatasetError, StorageError
@@ -116,11 +115,11 @@ class Recording:
 
 
 @pytest.fixture(params=["file", "s3"])
-def data_uri(request, tmp_path, moto_server) -> tuple[str, object]:
+def data_uri(request, tmp_path, s3_server) -> tuple[str, object]:
     """A data store (a local directory, or a bucket over HTTP) and its S3Options."""
     if request.param == "file":
         return os.fspath(tmp_path / "labelled"), None
-    return f"s3://{moto_server.create_bucket()}/team/labelled", moto_server.options()
+    return f"s3://{s3_server.create_bucket()}/team/labelled", s3_server.options()
 
 
 SOURCE_FILES = 61  # one in six of the drift day's 366: enough, and quick over HTTP
@@ -359,7 +358,7 @@ def _create_dagruns_as_the_scheduler_does() -> None:
 
 @pytest.mark.slow
 def test_landing_records_an_asset_event_that_triggers_keras_retrain(
-        airflow_db, dagbag, moto_server, source, monkeypatch):
+        airflow_db, dagbag, s3_server, source, monkeypatch):
     from airflow.models import DagRun
     from airflow.models.asset import AssetDagRunQueue, AssetEvent, AssetModel
     from airflow.models.dag import DagModel
@@ -369,17 +368,15 @@ def test_landing_records_an_asset_event_that_triggers_keras_retrain(
     from training.registry import open_store
     from training_airflow.params import run_day
 
-    bucket = moto_server.create_bucket()
+    bucket = s3_server.create_bucket()
     uri = f"s3://{bucket}/team/labelled"
-    monkeypatch.setenv("AIRFLOW_CONN_AWS_DEFAULT", json.dumps({
-        "conn_type": "aws", "login": "test-access-key", "password": "test-secret",
-        "extra": {"endpoint_url": moto_server.endpoint, "region_name": REGION}}))
+    monkeypatch.setenv("AIRFLOW_CONN_AWS_DEFAULT", json.dumps(s3_server.connection()))
     _sync_and_unpause("keras_retrain", "land_labelled_data")
     try:
         run = dagbag.dags["land_labelled_data"].test(run_conf={
             "source_dir": os.fspath(source), "partition": "dt=2026-12-05", "data_uri": uri})
         assert str(run.state) == "success"
-        store = open_store(uri, moto_server.options())
+        store = open_store(uri, s3_server.options())
         assert landing.read_marker(store, "dt=2026-12-05")["files"] == SOURCE_FILES
 
         with create_session() as session:

@@ -1,7 +1,7 @@
 """Stores for the integration tests: a bucket on the session's S3 server, a local dir.
 
-The S3 server (moto's standalone server in a child process) is ``tests/support/s3server.py``;
-the session fixture ``moto_server`` lives in ``tests/conftest.py``.
+The S3 server (SeaweedFS in a child process) is ``tests/support/s3server.py``; the
+session fixture ``s3_server`` lives in ``tests/conftest.py``.
 """
 
 from __future__ import annotations
@@ -9,37 +9,32 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from support.s3server import MotoServer
+from support.s3server import S3Server
 
 from training.registry.local import FileStore
 from training.registry.s3 import S3Store
 
 
 @pytest.fixture
-def s3_endpoint(moto_server) -> str:
-    return moto_server.endpoint
-
-
-@pytest.fixture
-def fresh_moto_server():
+def fresh_s3_server(tmp_path_factory: pytest.TempPathFactory):
     """A second server, private to one test, that the test may kill and restart."""
-    server = MotoServer()
+    server = S3Server(tmp_path_factory.mktemp("fresh-s3-server"))
     server.start()
     try:
         yield server
     finally:
-        server.kill()
+        server.stop()
 
 
 @pytest.fixture
-def bucket(moto_server) -> str:
+def bucket(s3_server) -> str:
     """A fresh, empty bucket on the session's server."""
-    return moto_server.create_bucket()
+    return s3_server.create_bucket()
 
 
 @pytest.fixture
-def s3_store(moto_server, bucket) -> S3Store:
-    return S3Store(bucket, "team/prefix", moto_server.options())
+def s3_store(s3_server, bucket) -> S3Store:
+    return S3Store(bucket, "team/prefix", s3_server.options())
 
 
 @pytest.fixture

@@ -61,7 +61,7 @@ def _mock_train(config: Path, env: dict[str, str], on_line=None) -> tuple[int, l
 
 
 def test_a_pretrained_backbone_fine_tunes_on_schedule_across_a_sigkill(
-        moto_server, tmp_path, monkeypatch, caplog):
+        s3_server, tmp_path, monkeypatch, caplog):
     import keras
     import tensorflow as tf
 
@@ -73,16 +73,12 @@ def test_a_pretrained_backbone_fine_tunes_on_schedule_across_a_sigkill(
     weights_file = tmp_path / "mnv3.weights.h5"
     source.get_layer("backbone").save_weights(weights_file)
     pretrained = [np.array(w) for w in source.get_layer("backbone").weights]
-    bucket = moto_server.create_bucket()
-    moto_server.client().upload_file(os.fspath(weights_file), bucket,
-                                     "pretrained/mnv3.weights.h5")
+    bucket = s3_server.create_bucket()
+    s3_server.client().upload_file(os.fspath(weights_file), bucket,
+                                   "pretrained/mnv3.weights.h5")
     aws_config = tmp_path / "aws-config"
     aws_config.write_text("[default]\ns3 =\n    addressing_style = path\n")
-    options = moto_server.options()
-    env = {"AWS_ENDPOINT_URL_S3": options.endpoint_url,
-           "AWS_ACCESS_KEY_ID": options.aws_access_key_id,
-           "AWS_SECRET_ACCESS_KEY": options.aws_secret_access_key,
-           "AWS_DEFAULT_REGION": options.region_name, "AWS_CONFIG_FILE": os.fspath(aws_config)}
+    env = {**s3_server.env(), "AWS_CONFIG_FILE": os.fspath(aws_config)}
 
     cfg = RunConfig.from_flat({
         "dataset": "mnist", "staging_dir": os.fspath(tmp_path / "staged"),

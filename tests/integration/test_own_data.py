@@ -77,9 +77,9 @@ def test_an_images_split_never_changes_and_follows_its_bytes():
 
 @pytest.mark.parametrize("where", ["directory", "s3"])
 def test_growing_partitions_stage_as_snapshots_and_a_rerun_is_identical(
-        where, tmp_path, moto_server, bucket):
+        where, tmp_path, s3_server, bucket):
     if where == "s3":
-        uri, options = f"s3://{bucket}/team/images", moto_server.options()
+        uri, options = f"s3://{bucket}/team/images", s3_server.options()
     else:
         uri, options = os.fspath(tmp_path / "incoming"), None
     store = open_store(uri, options)
@@ -223,32 +223,32 @@ def test_tfrecord_partitions_stage_like_image_files(tmp_path):
 
 
 def test_a_pinned_holdout_on_s3_is_read_whole_and_a_changed_or_foreign_file_is_named(
-        moto_server):
+        s3_server):
     from training.data.holdout import load_holdout
 
-    bucket = moto_server.create_bucket()
+    bucket = s3_server.create_bucket()
     uri = f"s3://{bucket}/team/holdout"
-    store = open_store(uri, moto_server.options())
+    store = open_store(uri, s3_server.options())
     for label in ("cat", "dog"):
         for i in range(4):
             store.put_bytes(f"{label}/{i}.png", png(zlib.crc32(f"h/{label}/{i}".encode())))
     store.put_bytes("_README", b"bookkeeping is not an image")
 
-    holdout = load_holdout(uri, moto_server.options(), (8, 8, 1), ["cat", "dog"])
+    holdout = load_holdout(uri, s3_server.options(), (8, 8, 1), ["cat", "dog"])
     assert holdout.images.shape == (8, 8, 8, 1) and holdout.images.dtype == np.uint8
     assert holdout.labels.tolist() == [0] * 4 + [1] * 4  # by the dataset's class order
-    again = load_holdout(uri, moto_server.options(), (8, 8, 1), ["cat", "dog"])
+    again = load_holdout(uri, s3_server.options(), (8, 8, 1), ["cat", "dog"])
     assert again.fingerprint == holdout.fingerprint  # the same images: the same name
 
     store.put_bytes("dog/0.png", png(1, shift=40))  # one image replaced behind its back
-    changed = load_holdout(uri, moto_server.options(), (8, 8, 1), ["cat", "dog"])
+    changed = load_holdout(uri, s3_server.options(), (8, 8, 1), ["cat", "dog"])
     assert changed.fingerprint != holdout.fingerprint
 
     store.put_bytes("cat/9.png", b"not a png")
     with pytest.raises(DatasetError, match=r"cat/9.png is not a readable image"):
-        load_holdout(uri, moto_server.options(), (8, 8, 1), ["cat", "dog"])
-    foreign = open_store(f"{uri}-2", moto_server.options())
+        load_holdout(uri, s3_server.options(), (8, 8, 1), ["cat", "dog"])
+    foreign = open_store(f"{uri}-2", s3_server.options())
     foreign.put_bytes("bird/0.png", png(2))
     with pytest.raises(DatasetError, match=r"label 'bird' \(bird/0.png\) is not a class of "
                                            r"the dataset; its classes are cat, dog"):
-        load_holdout(f"{uri}-2", moto_server.options(), (8, 8, 1), ["cat", "dog"])
+        load_holdout(f"{uri}-2", s3_server.options(), (8, 8, 1), ["cat", "dog"])

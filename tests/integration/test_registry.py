@@ -234,22 +234,22 @@ class _FailAfter:
 
 
 @pytest.fixture
-def proxy(moto_server):
+def proxy(s3_server):
     """A link to the session's S3 server that the test cuts and restores."""
-    link = CutProxy("127.0.0.1", moto_server.port)
+    link = CutProxy("127.0.0.1", s3_server.port)
     try:
         yield link
     finally:
         link.close()
 
 
-def test_publish_survives_a_cut_link_to_s3(moto_server, proxy, bucket, tmp_path):
+def test_publish_survives_a_cut_link_to_s3(s3_server, proxy, bucket, tmp_path):
     """The link to the server is cut after 3 of 10 files (every connection dropped, new
     ones reset at once, no timeout involved): the publish fails with StorageError,
     production and v1 are untouched, no v2 exists; once the link is back (the server
     kept its state all along) a retry completes v2, leaving exactly one complete v2."""
-    store = S3Store(bucket, "reg", moto_server.options(endpoint_url=proxy.endpoint,
-                                                       max_attempts=2))
+    store = S3Store(bucket, "reg", s3_server.options(endpoint_url=proxy.endpoint,
+                                                     max_attempts=2))
     registry = ModelRegistry(store, check_model=False)
     out1 = make_output(tmp_path / "run1", "one")
     registry.publish("m", "v1", out1, run_id="r1", created=T0, metrics={"accuracy": 0.9})
@@ -280,38 +280,36 @@ def test_publish_survives_a_cut_link_to_s3(moto_server, proxy, bucket, tmp_path)
     assert registry.production("m") == "v2"
 
 
-def test_publish_after_the_s3_server_is_killed_and_restarted(fresh_moto_server, tmp_path):
+def test_publish_after_the_s3_server_is_killed_and_restarted(fresh_s3_server, tmp_path):
     """The server is killed after 2 of 10 uploads: the publish fails with StorageError
-    (the connection is refused at once, no timeout involved).
-
-    moto keeps its state in memory, so a kill loses it (the cut-link test above is
-    the one that checks state surviving a failure). Here the point is the client: after
-    a restart on the same port and a replay of the state before the publish, the same
-    store object recovers and the retried publish completes, production untouched.
-    """
-    server = fresh_moto_server
+    (the connection is refused at once, no timeout involved). Restarted on the same
+    port and data (SeaweedFS keeps its objects on disk), the server still has what was
+    there before the crash: production v1, v1 complete, no v2; the same store object
+    recovers and the retried publish completes v2, production untouched."""
+    server = fresh_s3_server
     bucket = server.create_bucket()
     store = S3Store(bucket, "", server.options(max_attempts=2))
     registry = ModelRegistry(store, check_model=False)
     out1 = make_output(tmp_path / "run1", "one")
     out2 = make_output(tmp_path / "run2", "two", extra=3)
+    registry.publish("m", "v1", out1, run_id="r1", created=T0)
+    registry.promote("m", "v1", run_id="r1", at=T0, reason="first")
 
-    def setup():
-        registry.publish("m", "v1", out1, run_id="r1", created=T0)
-        registry.promote("m", "v1", run_id="r1", at=T0, reason="first")
-
-    setup()
     flaky = ModelRegistry(_FailAfter(store, 2, server.kill), check_model=False)
     with pytest.raises(StorageError, match="cannot upload .*EndpointConnectionError"):
         flaky.publish("m", "v2", out2, run_id="r2", created=T1)
 
-    server.start()  # same port, empty state
-    server.client().create_bucket(Bucket=bucket)
-    setup()
+    server.start()  # same port, same data
+    assert registry.production("m") == "v1"
+    assert [v["version"] for v in registry.list_versions("m")] == ["v1"]
+    with pytest.raises(RegistryError, match="no complete version 'v2'"):
+        registry.show("m", "v2")
+    registry.verify("m", "v1")
     registry.publish("m", "v2", out2, run_id="r2", created=T1)
     assert [v["version"] for v in registry.list_versions("m")] == ["v2", "v1"]
     registry.verify("m", "v2")
     assert registry.production("m") == "v1"
+    assert [h["to"] for h in registry.history("m")] == ["v1"]
 
 
 @pytest.mark.slow

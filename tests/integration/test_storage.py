@@ -1,4 +1,4 @@
-"""Both stores through the same tests: a local directory and S3 over HTTP (moto server)."""
+"""Both stores through the same tests: a local directory and S3 over HTTP (SeaweedFS)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import sys
 import threading
 
 import pytest
-from support.s3server import MotoServer
 
 from training.errors import ConflictError, IntegrityError, StorageError
 from training.registry import open_store
@@ -88,24 +87,11 @@ def test_unsafe_keys_are_refused(store, key):
     assert store.list("") == []
 
 
-@pytest.fixture(params=["file", "s3"])
-def race_store(request, tmp_path):
-    """A local store, or a bucket on a moto server that answers one request at a time
-    (``MotoServer(serialized=True)``: threaded moto races its own conditional writes)."""
-    if request.param == "file":
-        yield FileStore(tmp_path / "store")
-        return
-    server = MotoServer(serialized=True)
-    server.start()
-    try:
-        yield S3Store(server.create_bucket(), "team/prefix", server.options())
-    finally:
-        server.kill()
-
-
 @pytest.mark.parametrize("mode", ["create", "replace"])
-def test_concurrent_conditional_writes_have_one_winner(race_store, mode):
-    store, threads_n, rounds = race_store, 6, 5
+def test_concurrent_conditional_writes_have_one_winner(store, mode):
+    """On the session's SeaweedFS as it is: it decides a conditional write atomically
+    (seaweedfs/seaweedfs#8801), so the writers race for real, none held back."""
+    threads_n, rounds = 6, 5
     for r in range(rounds):
         key = f"race/{mode}/{r}"
         etag = None if mode == "create" else store.put_bytes(key, b"base")
@@ -139,9 +125,9 @@ def test_concurrent_conditional_writes_have_one_winner(race_store, mode):
 # ------------------------------------------------------------------ S3 specifics
 
 
-def test_s3_multipart_upload_round_trip(moto_server, bucket, tmp_path):
+def test_s3_multipart_upload_round_trip(s3_server, bucket, tmp_path):
     store = S3Store(
-        bucket, "", moto_server.options(multipart_threshold_mb=5, multipart_chunksize_mb=5)
+        bucket, "", s3_server.options(multipart_threshold_mb=5, multipart_chunksize_mb=5)
     )
     src = tmp_path / "big.bin"
     src.write_bytes(hashlib.sha256(b"seed").digest() * (6 * 1024 * 1024 // 32 + 7))
@@ -163,9 +149,9 @@ def test_s3_download_is_checked_against_the_recorded_sha256(s3_store, tmp_path, 
     assert not (tmp_path / "w.bin").exists()
 
 
-def test_s3_every_call_carries_checksum_encryption_and_owner(moto_server, bucket, tmp_path):
+def test_s3_every_call_carries_checksum_encryption_and_owner(s3_server, bucket, tmp_path):
     store = S3Store(
-        bucket, "p", moto_server.options(sse="AES256", expected_bucket_owner="123456789012")
+        bucket, "p", s3_server.options(sse="AES256", expected_bucket_owner="123456789012")
     )
     seen = []
 
@@ -188,8 +174,34 @@ def test_s3_every_call_carries_checksum_encryption_and_owner(moto_server, bucket
             assert params["ServerSideEncryption"] == "AES256"
             assert params["ChecksumAlgorithm"] == "SHA256"
             assert len(params["Metadata"]["sha256"]) == 64
-    head = moto_server.client().head_object(Bucket=bucket, Key="p/x")
+    head = s3_server.client().head_object(Bucket=bucket, Key="p/x")
     assert head["ServerSideEncryption"] == "AES256"
+
+
+def test_s3_refused_credentials_and_a_foreign_bucket_are_storage_errors(s3_server, bucket):
+    """The server checks every signature and limits the team to its buckets: a refusal
+    is a StorageError naming the code, never "no such object", never the secret."""
+    wrong = S3Store(bucket, "p", s3_server.options(aws_secret_access_key="not-the-secret",
+                                                   max_attempts=1))
+    with pytest.raises(StorageError, match="cannot write 'k' .*SignatureDoesNotMatch") as err:
+        wrong.put_bytes("k", b"x")
+    assert "not-the-secret" not in str(err.value)
+    with pytest.raises(StorageError, match="cannot read 'k' .*SignatureDoesNotMatch"):
+        wrong.get_with_etag("k")
+
+    foreign = f"other-{bucket}"  # not one of the team's test-* buckets
+    s3_server.client().create_bucket(Bucket=foreign)
+    s3_server.client().put_object(Bucket=foreign, Key="p/k", Body=b"admin's")
+    elsewhere = S3Store(foreign, "p", s3_server.options(max_attempts=1))
+    with pytest.raises(StorageError, match="cannot write 'k' .*AccessDenied"):
+        elsewhere.put_bytes("k", b"x")
+    with pytest.raises(StorageError, match="cannot read 'k' .*AccessDenied"):
+        elsewhere.get_with_etag("k")
+    with pytest.raises(StorageError, match="cannot stat 'k'"):
+        elsewhere.head("k")
+    with pytest.raises(StorageError, match="cannot list '' .*AccessDenied"):
+        elsewhere.list("")
+    assert s3_server.client().get_object(Bucket=foreign, Key="p/k")["Body"].read() == b"admin's"
 
 
 def test_s3_unreachable_endpoint_is_a_storage_error():
@@ -244,11 +256,11 @@ def test_s3_options_repr_masks_credentials():
         assert "aws_secret_access_key='***'" in text
 
 
-def test_open_store_picks_the_store_from_the_uri(tmp_path, moto_server):
+def test_open_store_picks_the_store_from_the_uri(tmp_path, s3_server):
     assert isinstance(open_store(str(tmp_path)), FileStore)
     local = open_store(tmp_path.as_uri())
     assert isinstance(local, FileStore) and local.root == tmp_path
-    s3 = open_store("s3://my-bucket/some/prefix/", moto_server.options())
+    s3 = open_store("s3://my-bucket/some/prefix/", s3_server.options())
     assert isinstance(s3, S3Store)
     assert (s3.bucket, s3.prefix, s3.uri) == (
         "my-bucket",

@@ -2,9 +2,9 @@
 stop with one clear line.
 
 Each test drives ``python -m training`` in real subprocesses, as a user or the Airflow
-``train`` task does; the S3 store is moto's server over HTTP behind a proxy whose link
-the test cuts (``support/cutproxy.py``), so the server keeps its state while the
-network fails.
+``train`` task does; the S3 store is a bucket on the session's SeaweedFS over HTTP
+behind a proxy whose link the test cuts (``support/cutproxy.py``), so the server keeps
+its state while the network fails.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from pathlib import Path
 import pytest
 from support.cli import cli, one_error_line
 from support.cutproxy import CutProxy
-from support.s3server import DUMMY_KEY, DUMMY_SECRET, REGION
 
 from training.registry import open_store
 from training.registry.versions import ModelRegistry
@@ -41,21 +40,20 @@ def history_rows(run_dir: Path) -> int:
 
 
 @pytest.fixture
-def s3_behind_proxy(moto_server, tmp_path):
-    proxy = CutProxy("127.0.0.1", moto_server.port)
+def s3_behind_proxy(s3_server, tmp_path):
+    proxy = CutProxy("127.0.0.1", s3_server.port)
     config = tmp_path / "aws-config"
     config.write_text("[default]\ns3 =\n    addressing_style = path\n")
-    env = {"AWS_ENDPOINT_URL_S3": proxy.endpoint, "AWS_ACCESS_KEY_ID": DUMMY_KEY,
-           "AWS_SECRET_ACCESS_KEY": DUMMY_SECRET, "AWS_DEFAULT_REGION": REGION,
+    env = {**s3_server.env(endpoint=proxy.endpoint),
            "AWS_CONFIG_FILE": os.fspath(config), "AWS_MAX_ATTEMPTS": "2"}
     try:
-        yield proxy, f"s3://{moto_server.create_bucket()}/registry", env
+        yield proxy, f"s3://{s3_server.create_bucket()}/registry", env
     finally:
         proxy.close()
 
 
 def test_a_rerun_finishes_a_promotion_the_network_lost_and_never_retrains(
-        s3_behind_proxy, staging_dir, tmp_path, moto_server):
+        s3_behind_proxy, staging_dir, tmp_path, s3_server):
     proxy, store_uri, env = s3_behind_proxy
     args = ["run", *FAST, "--run-id", "nightly-1", "--model-name", "rerun",
             "--staging-dir", staging_dir, "--output-dir", os.fspath(tmp_path / "runs"),
@@ -73,7 +71,7 @@ def test_a_rerun_finishes_a_promotion_the_network_lost_and_never_retrains(
     assert proc.wait(timeout=600) == 1, "".join(stderr)[-3000:]
     time.sleep(0.5)
     assert [line for line in stderr if line.startswith("error: ")], "".join(stderr)[-3000:]
-    registry = ModelRegistry(open_store(store_uri, moto_server.options()))
+    registry = ModelRegistry(open_store(store_uri, s3_server.options()))
     assert registry.production("rerun") is None  # the pointer write was lost
     run_dir = tmp_path / "runs" / "nightly-1"
     rows, model = history_rows(run_dir), (run_dir / "model" / "model.keras").read_bytes()

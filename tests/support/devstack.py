@@ -67,6 +67,9 @@ class ApiError(AssertionError):
 class DevAirflow:
     """``./dev airflow --port P`` in a fresh copy: its process, its output, HTTP helpers."""
 
+    command = "airflow"  # ./dev's subcommand
+    ready_line = "Airflow is ready: "  # the banner's first line
+
     def __init__(self, root: Path) -> None:
         self.root = root
         self.port = free_port_pair()
@@ -81,7 +84,8 @@ class DevAirflow:
 
     def start(self) -> None:
         self.proc = subprocess.Popen(
-            ["./dev", "airflow", "--port", str(self.port)], cwd=self.root, env=new_user_env(),
+            ["./dev", self.command, "--port", str(self.port)], cwd=self.root,
+            env=new_user_env(),
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
@@ -101,19 +105,19 @@ class DevAirflow:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             self.check_alive()
-            if any(line.startswith("Airflow is ready: ") for line in self.lines):
+            if any(line.startswith(self.ready_line) for line in self.lines):
                 login = next((line for line in self.lines if "login:" in line), "")
                 match = re.search(rf"login:\s+{USER} / (\S+)", login)
                 if match:
                     self.password = match.group(1)
                     return
             time.sleep(1.0)
-        raise RuntimeError(f"./dev airflow printed no ready banner in {timeout:.0f} s\n"
+        raise RuntimeError(f"./dev {self.command} printed no ready banner in {timeout:.0f} s\n"
                            + self.diagnostics())
 
     def check_alive(self) -> None:
         if self.proc is not None and self.proc.poll() is not None:
-            raise RuntimeError(f"./dev airflow exited with code {self.proc.returncode}\n"
+            raise RuntimeError(f"./dev {self.command} exited with code {self.proc.returncode}\n"
                                + self.diagnostics())
 
     def stop(self, grace_s: float = 60.0) -> None:
@@ -222,12 +226,12 @@ def quote(value: str) -> str:
     return urllib.parse.quote(value, safe="")
 
 
-def save_logs(stack: DevAirflow) -> None:
+def save_logs(stack: DevAirflow, name: str = "dev-airflow-logs.tar.gz") -> None:
     """The copy's component and task logs, next to the screenshots."""
-    target = artifacts_dir() / "dev-airflow-logs.tar.gz"
+    target = artifacts_dir() / name
     with tarfile.open(target, "w:gz") as tar:
         if stack.output_path.exists():
             tar.add(stack.output_path, arcname="dev-airflow.out")
-        logs = stack.home / "logs"
-        if logs.exists():
-            tar.add(logs, arcname="logs")
+        for logs in {stack.home / "logs", getattr(stack, "logs", stack.home / "logs")}:
+            if logs.exists():
+                tar.add(logs, arcname=os.fspath(logs.relative_to(stack.root)))

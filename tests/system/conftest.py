@@ -5,10 +5,9 @@ See ``support/devstack.py`` for how the stack is started as a new user starts it
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-from support.devstack import CHROMIUM, DevAirflow, save_logs
+from support.browser import browser  # noqa: F401 - the fixture, shared with tests/deploy
+from support.devstack import DevAirflow, save_logs
 from support.fresh import fresh_copy
 
 
@@ -23,26 +22,3 @@ def dev_airflow(tmp_path_factory: pytest.TempPathFactory):
     finally:
         stack.stop()
         save_logs(stack)
-
-
-@pytest.fixture(scope="module")
-def browser():
-    """Debian's Chromium through Playwright (nothing downloaded at run time). Module
-    scope: Playwright's sync API runs an event loop that must be gone before other
-    modules use asyncio or Playwright themselves."""
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"no Chromium at {CHROMIUM} (./dev test installs Debian's package)")
-    from playwright.sync_api import expect, sync_playwright
-
-    # Assertions wait as long as actions (30 s), not Playwright's 5 s: on a loaded
-    # 2-core machine the UI can take longer than that to draw a page.
-    expect.set_options(timeout=30_000)
-
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM,
-                                     args=["--no-sandbox", "--disable-gpu",
-                                           "--disable-dev-shm-usage"])
-        try:
-            yield browser
-        finally:
-            browser.close()

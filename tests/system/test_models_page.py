@@ -1,11 +1,12 @@
 """System: the Models page plugin in a real Airflow api-server, driven by a real browser.
 
-A store on the session's S3 server (moto over HTTP) is filled first: two models, one
+A store on the session's S3 server (SeaweedFS over HTTP) is filled first: two models, one
 with three versions (two with a report, two promotions), one never promoted. Then an
 ``airflow api-server`` on a free 127.0.0.1 port loads the project's ``plugins/`` with
 the SimpleAuthManager, one ``viewer`` user, ``TRAINING_STORE_URI`` on that store and an
-``aws_default`` connection whose keys are unique to the test. No AWS_* variable
-reaches the server: the page can only read the store with the connection's keys.
+``aws_default`` connection whose keys are made up for the session's S3 server, which
+checks every signature. No AWS_* variable reaches the api-server: the page can only read
+the store with the connection's keys.
 
 Debian's chromium, driven by Playwright, logs in through Airflow's login form, opens
 the page from the UI's navigation, checks the versions, the production mark and the
@@ -251,24 +252,21 @@ class ApiServer:
 
 
 @pytest.fixture(scope="module")
-def models_site(moto_server, tmp_path_factory: pytest.TempPathFactory):
+def models_site(s3_server, tmp_path_factory: pytest.TempPathFactory):
     """The filled store and a started api-server that shows it."""
     root = tmp_path_factory.mktemp("models-page")
-    bucket = moto_server.create_bucket()
+    bucket = s3_server.create_bucket()
     store_uri = f"s3://{bucket}/team"
-    fill_store(ModelRegistry(open_store(store_uri, moto_server.options()), check_model=False),
+    fill_store(ModelRegistry(open_store(store_uri, s3_server.options()), check_model=False),
                root / "published")
-    access_key = "AKIA" + secrets.token_hex(8).upper()
-    secret_key = "secret-" + secrets.token_urlsafe(24)
-    connection = {
-        "conn_type": "aws", "login": access_key, "password": secret_key,
-        "extra": {"endpoint_url": moto_server.endpoint, "region_name": "us-east-1"},
-    }
+    # The team's keys, made up for this session's server, which refuses any others.
+    connection = s3_server.connection()
     server = ApiServer(root, store_uri, connection)
     try:
         server.start()
         server.wait_ready()
-        server.credentials = (access_key, secret_key)  # type: ignore[attr-defined]
+        server.credentials = (  # type: ignore[attr-defined]
+            s3_server.team.access_key, s3_server.team.secret_key)
         yield server
     finally:
         server.stop()

@@ -1,0 +1,119 @@
+"""Deployment: the production configuration, started by ``./dev stack`` as the README says.
+
+PostgreSQL, Redis, SeaweedFS and Airflow with the CeleryExecutor, a ``default`` and a
+``gpu`` worker, all real processes on 127.0.0.1 (``conftest.py``). The nightly DAG is
+triggered from the UI's form in headless Chromium; where a run went, what it stored and
+what the UI shows are read from the workers' own logs, a plain boto3 reader with the
+store's key, and the browser. Then faults, each injected for real on that stack: two
+triggers at once, the gpu worker killed with its tasks while ``train`` runs, PostgreSQL
+killed mid-run, SeaweedFS killed while ``publish`` waits on it.
+
+Screenshots go to ``$TEST_ARTIFACTS_DIR`` (default ``artifacts/``) as ``stack-*.png``.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from typing import Any
+
+import pytest
+from support.airflow_ui import dag_page, new_run, open_trigger_form, submit_button
+from support.devstack import DAG_ID, artifacts_dir, quote
+from support.prodstack import MODEL, RUN_TIMEOUT_S
+
+pytestmark = pytest.mark.slow
+
+
+def shot(page: Any, name: str) -> None:
+    page.screenshot(path=str(artifacts_dir() / f"stack-{name}.png"), full_page=True)
+
+
+def test_a_gpu_run_from_the_form_trains_on_the_gpu_worker(production_stack: Any,
+                                                           browser: Any):
+    from playwright.sync_api import expect
+
+    stack = production_stack
+    page = dag_page(browser, stack)
+    dialog = open_trigger_form(page)
+    dialog.get_by_role("button", name="Hardware and distribution").click()
+    shot(page, "01-form-hardware")
+    field = dialog.locator("#element_accelerator")
+    field.click()
+    page.get_by_role("option", name="gpu", exact=True).click()
+    shot(page, "02-form-accelerator-gpu")
+    known = {r["dag_run_id"] for r in stack.runs()}
+    submit_button(dialog).click()
+    expect(dialog).to_be_hidden()
+    run = new_run(stack, known)
+    run_id = run["dag_run_id"]
+    assert run["conf"]["accelerator"] == "gpu", run["conf"]
+    assert stack.wait_end(run_id) == "success", stack.diagnostics(run_id)
+
+    # train went to the gpu queue, and the gpu worker's own log says it ran it; every
+    # other task ran on the default worker.
+    assert stack.task(run_id, "train")["queue"] == "gpu"
+    assert stack.ran_on(run_id, "train") == {"worker-gpu"}
+    for other in ("stage_dataset", "validate_data", "evaluate", "publish", "promote"):
+        assert stack.ran_on(run_id, other) == {"worker"}, other
+
+    # The version is in SeaweedFS, every object re-hashed by a plain boto3 reader, and it
+    # is in production.
+    version = stack.xcom(run_id, "publish")["version"]
+    manifest = stack.rehash(version)
+    assert manifest["source"] == {"dag_id": DAG_ID, "run_id": run_id}
+    assert stack.production()["version"] == version
+
+    # The Models page shows it.
+    page.goto(f"{stack.base_url}/models/#{MODEL}/{version}")
+    row = page.locator(f'tr.version[id="{MODEL}/{version}"]')
+    expect(row).to_be_visible()
+    expect(row.locator(".badge")).to_have_text("production")
+    shot(page, "03-models-page")
+
+    # The task logs are readable from the UI, from either worker.
+    # (The log view draws the lines near its end: the step's closing timing line, and
+    # for train the evaluation the training process printed last.)
+    for task_id, words in (("train", '"test_accuracy": '),
+                           ("evaluate", "verdict for digits-mlp")):
+        page.goto(f"{stack.base_url}/dags/{DAG_ID}/runs/{quote(run_id)}/tasks/{task_id}")
+        expect(page.get_by_text(re.compile(r"timing: queued .*, work [\d.]+ s")).first) \
+            .to_be_visible(timeout=60_000)
+        expect(page.get_by_text(words).first).to_be_visible()
+        shot(page, f"04-log-{task_id}")
+    page.close()
+
+
+def test_two_triggers_at_the_same_moment_run_one_after_the_other(production_stack: Any):
+    stack = production_stack
+    before = stack.versions()
+    run_ids: list[str] = []
+    barrier = threading.Barrier(2)
+
+    def fire() -> None:
+        barrier.wait()
+        run_ids.append(stack.trigger({"force_train": True, "epochs": 3}))
+
+    threads = [threading.Thread(target=fire) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(run_ids) == 2
+    most_running = 0
+    deadline = time.monotonic() + 2 * RUN_TIMEOUT_S
+    while time.monotonic() < deadline:
+        states = [stack.request("GET", f"/api/v2/dags/{DAG_ID}/dagRuns/{quote(r)}")["state"]
+                  for r in run_ids]
+        most_running = max(most_running, states.count("running"))
+        if all(s in ("success", "failed") for s in states):
+            break
+        time.sleep(1.0)
+    assert states == ["success", "success"], (states, stack.diagnostics())
+    assert most_running == 1  # max_active_runs=1 held on the real scheduler
+    published = {stack.xcom(r, "publish")["version"] for r in run_ids}
+    assert stack.versions() - before == published and len(published) == 2
+    history = stack.production()["history"]
+    promoted = [entry["to"] for entry in history]
+    assert len(promoted) == len(set(promoted)), history  # nothing promoted twice
