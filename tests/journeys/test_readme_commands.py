@@ -30,8 +30,9 @@ DEMO_WITH_CONF = """./dev demo '{"model": "cnn", "epochs": 3}'"""
 CLI_HELP = "./dev cli run --help"
 DAG_CHECKS = './dev test tests/dags -m "not slow" -n 0'
 TENSORBOARD = ".venv/bin/tensorboard --logdir var/store/models/digits-mlp/versions --port 6006"
-# Run elsewhere: ./dev test is CI itself; ./dev airflow is the system journey.
-ELSEWHERE = {"./dev test", "./dev airflow"}
+# Run elsewhere: ./dev test is CI itself; ./dev airflow is the system journey, ./dev stack
+# the deployment tests' stack (tests/deploy).
+ELSEWHERE = {"./dev test", "./dev airflow", "./dev stack"}
 
 
 def night_by_night() -> list[str]:

@@ -28,7 +28,8 @@ import urllib.request
 import uuid
 from pathlib import Path
 
-from tools.services import S3Identity, SeaweedFS, ServiceError, free_port_block
+from tools.seaweedfs import S3Identity, SeaweedFS
+from tools.services import ServiceError, free_port_block
 from training.registry.s3 import S3Options
 
 REGION = SeaweedFS.REGION

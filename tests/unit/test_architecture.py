@@ -7,7 +7,8 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = {"training": ROOT / "training", "training_airflow": ROOT / "plugins/training_airflow"}
+PACKAGES = {"training": ROOT / "training", "training_airflow": ROOT / "plugins/training_airflow",
+            "tools": ROOT / "tools"}
 LONG = 300
 
 

@@ -31,7 +31,7 @@ DOCKERFILES = sorted(DOCKER.glob("*.Dockerfile"))
 AIRFLOW_SERVICES = {"airflow-init", "airflow-apiserver", "airflow-scheduler",
                     "airflow-dag-processor", "airflow-triggerer", "airflow-worker",
                     "airflow-worker-gpu"}
-EXPECTED_SERVICES = AIRFLOW_SERVICES | {"postgres", "redis", "minio", "minio-init"}
+EXPECTED_SERVICES = AIRFLOW_SERVICES | {"postgres", "redis", "seaweedfs", "seaweedfs-config"}
 DEPLOYMENT_SETTINGS = {"TRAINING_DATA_DIR", "TRAINING_STAGING_DIR", "TRAINING_OUTPUT_DIR",
                        "TRAINING_STORE_URI", "TRAINING_AWS_CONN_ID", "TRAINING_SCHEDULE",
                        "TRAINING_GPU_QUEUE"}
@@ -213,8 +213,9 @@ def test_compose_has_the_stack(services):
         assert env["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"] == (
             "http://airflow-apiserver:8080/execution/"), name
         assert set(env) >= DEPLOYMENT_SETTINGS, (name, DEPLOYMENT_SETTINGS - set(env))
-    assert services["minio-init"]["depends_on"]["minio"]["condition"] == "service_healthy"
-    assert "mc mb --ignore-existing" in services["minio-init"]["command"][0]
+    assert services["seaweedfs"]["depends_on"]["seaweedfs-config"]["condition"] == (
+        "service_completed_successfully")
+    assert '"Write:$$BUCKET"' in services["seaweedfs-config"]["command"][0]
 
 
 def test_the_shared_data_volume_is_mounted_at_the_same_path_in_every_airflow_service(
@@ -228,7 +229,7 @@ def test_the_shared_data_volume_is_mounted_at_the_same_path_in_every_airflow_ser
             assert env[key].startswith(data_dir + "/"), (name, key)
 
 
-def test_the_store_is_minio_over_s3_through_the_aws_default_connection(services):
+def test_the_store_is_seaweedfs_over_s3_through_the_aws_default_connection(services):
     example = env_example()
     env = {k: interpolate(v, example) for k, v in environment(services["airflow-worker"]).items()}
     assert env["TRAINING_STORE_URI"] == f"s3://{example['TRAINING_BUCKET']}/registry"
@@ -236,10 +237,11 @@ def test_the_store_is_minio_over_s3_through_the_aws_default_connection(services)
     assert env["TRAINING_AWS_CONN_ID"] == "aws_default"
     conn = json.loads(env["AIRFLOW_CONN_AWS_DEFAULT"])
     assert conn["conn_type"] == "aws"
-    assert conn["extra"]["endpoint_url"] == "http://minio:9000"
+    assert conn["extra"]["endpoint_url"] == "http://seaweedfs:8333"
     assert (conn["login"], conn["password"]) == (example["STORE_ACCESS_KEY"],
                                                  example["STORE_SECRET_KEY"])
-    init = environment(services["minio-init"])
+    assert "S3_ADMIN_SECRET_KEY" not in json.dumps(environment(services["airflow-worker"]))
+    init = environment(services["seaweedfs-config"])
     assert init["STORE_ACCESS_KEY"].startswith("${STORE_ACCESS_KEY")
     assert interpolate(init["BUCKET"], example) == example["TRAINING_BUCKET"]
 
@@ -330,7 +332,7 @@ def test_env_example_names_every_required_variable_with_placeholders(compose):
     example = env_example()
     assert required <= set(example), required - set(example)
     for name, value in example.items():
-        if SECRET_NAME.search(name) or name == "MINIO_ROOT_USER":
+        if SECRET_NAME.search(name) or name.endswith("ACCESS_KEY"):
             assert value == "change-me", f"{name} must be a placeholder in .env.example"
     with pytest.raises(MissingVariable, match="POSTGRES_PASSWORD"):
         interpolate(compose["x-airflow-env"]["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"], {})
@@ -391,7 +393,22 @@ print(json.dumps({{
     assert out["gpu_queue"] == "gpu"
     conn_id, conn_type, login, extra = out["conn"]
     assert (conn_id, conn_type, login) == ("aws_default", "aws", example["STORE_ACCESS_KEY"])
-    assert extra["endpoint_url"] == "http://minio:9000"
+    assert extra["endpoint_url"] == "http://seaweedfs:8333"
     assert out["settings"] == {"staging_dir": "/opt/airflow/training/datasets",
                                "output_dir": "/opt/airflow/training/runs",
                                "store_uri": "s3://models/registry"}
+
+
+def test_dev_stack_passes_airflow_the_settings_compose_passes(compose, tmp_path):
+    """``./dev stack`` is the compose stack as processes: every setting it gives Airflow
+    (but the paths of one machine's checkout) is one the compose file sets too, and the
+    secrets' names are the ``.env`` file's."""
+    from tools.stack import SECRETS, ProductionStack
+
+    stack = ProductionStack(tmp_path, {}, 18080, None)
+    local_paths = {"AIRFLOW_HOME", "AIRFLOW__CORE__DAGS_FOLDER", "AIRFLOW__CORE__PLUGINS_FOLDER"}
+    assert set(stack.defaults()) - local_paths <= set(compose["x-airflow-env"])
+    assert set(SECRETS) <= set(env_example())
+    connection = json.loads(stack.defaults()["AIRFLOW_CONN_AWS_DEFAULT"])
+    assert connection["login"] == stack.secrets["STORE_ACCESS_KEY"]
+    assert stack.secrets["S3_ADMIN_SECRET_KEY"] not in json.dumps(stack.env)
