@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from urllib.parse import urlsplit, urlunsplit
 
 from training_airflow.deployment import deployment_settings
@@ -143,19 +143,18 @@ def check_store(env: Mapping[str, str]) -> str:
     return f"{setting}: {store_uri} on {where} lists with the key {fields.get('login')!r}"
 
 
-def check(env: Mapping[str, str]) -> list[str]:
-    """Every check that applies to ``env``; raises PreflightError at the first failure."""
-    done = []
+def check(env: Mapping[str, str]) -> Iterator[str]:
+    """Every check that applies to ``env``, a line each as it passes; PreflightError at
+    the first that fails."""
     database = env.get("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN")
     if database:
-        done.append(check_database("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", database))
+        yield check_database("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", database)
     if env.get("AIRFLOW__CORE__EXECUTOR", "").endswith("CeleryExecutor"):
         for setting, checker in (("AIRFLOW__CELERY__BROKER_URL", check_broker),
                                  ("AIRFLOW__CELERY__RESULT_BACKEND", check_database)):
             if env.get(setting):
-                done.append(checker(setting, env[setting]))
-    done.append(check_store(env))
-    return done
+                yield checker(setting, env[setting])
+    yield check_store(env)
 
 
 def main() -> int:
@@ -163,7 +162,7 @@ def main() -> int:
 
     try:
         for line in check(os.environ):
-            print(f"ok: {line}")
+            print(f"ok: {line}", flush=True)
     except PreflightError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -143,7 +143,7 @@ class Stack:
         they are found through ``/proc`` rather than through the groups.
         """
         live = [p for p in self.procs.values() if p.poll() is None]
-        others = [(pid, _start_time(pid)) for p in live for pid in _descendants(p.pid)]
+        others = [(pid, _start_time(pid)) for p in live for pid in descendants(p.pid)]
         for proc in live:
             _signal_group(proc.pid, signal.SIGTERM)
         for pid, _ in others:
@@ -178,7 +178,7 @@ def _start_time(pid: int) -> str | None:
         return None
 
 
-def _descendants(pid: int) -> list[int]:
+def descendants(pid: int) -> list[int]:
     """Every live descendant of ``pid`` (Linux ``/proc``; empty elsewhere)."""
     children: dict[int, list[int]] = {}
     proc = Path("/proc")

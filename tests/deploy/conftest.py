@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 from support.browser import browser  # noqa: F401 - the fixture, shared with tests/system
-from support.devstack import save_logs
+from support.devstack import running
 from support.fresh import fresh_copy
 from support.prodstack import DevStack
 
@@ -16,11 +16,6 @@ from support.prodstack import DevStack
 @pytest.fixture(scope="session")
 def production_stack(tmp_path_factory: pytest.TempPathFactory):
     """``./dev stack`` from a fresh copy of the tree, ready, with its login read."""
-    stack = DevStack(fresh_copy(tmp_path_factory.mktemp("production") / "clone"))
-    try:
-        stack.start()
-        stack.wait_ready()
+    clone = fresh_copy(tmp_path_factory.mktemp("production") / "clone")
+    with running(DevStack(clone), "dev-stack-logs.tar.gz") as stack:
         yield stack
-    finally:
-        stack.stop()
-        save_logs(stack, "dev-stack-logs.tar.gz")

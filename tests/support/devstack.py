@@ -34,7 +34,7 @@ from typing import Any
 import pytest
 from support.fresh import artifacts_dir, new_user_env
 
-__all__ = ["CHROMIUM", "DAG_ID", "USER", "DevAirflow", "artifacts_dir", "save_logs"]
+__all__ = ["CHROMIUM", "DAG_ID", "USER", "DevAirflow", "artifacts_dir", "running", "save_logs"]
 
 DAG_ID = "keras_retrain"
 USER = "admin"
@@ -224,6 +224,18 @@ class DevAirflow:
 
 def quote(value: str) -> str:
     return urllib.parse.quote(value, safe="")
+
+
+@contextlib.contextmanager
+def running(stack: DevAirflow, logs: str = "dev-airflow-logs.tar.gz"):
+    """``stack`` started and ready; at the end stopped (Ctrl-C) and its logs saved."""
+    try:
+        stack.start()
+        stack.wait_ready()
+        yield stack
+    finally:
+        stack.stop()
+        save_logs(stack, logs)
 
 
 def save_logs(stack: DevAirflow, name: str = "dev-airflow-logs.tar.gz") -> None:

@@ -23,6 +23,7 @@ from support.devstack import DAG_ID, DevAirflow, quote
 
 from tools.services import free_port_block
 from tools.stack import SPAN
+from training_airflow.standalone import descendants
 
 MODEL = "digits-mlp"
 RUN_TIMEOUT_S = 600.0
@@ -38,23 +39,6 @@ def processes() -> dict[int, str]:
                     .replace(b"\0", b" ").decode(errors="replace").strip()
             except OSError:
                 continue
-    return found
-
-
-def children(pid: int) -> list[int]:
-    """Every live descendant of ``pid``."""
-    by_parent: dict[int, list[int]] = {}
-    for child in processes():
-        try:
-            stat = (Path("/proc") / str(child) / "stat").read_text()
-            by_parent.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(child)
-        except (OSError, ValueError, IndexError):
-            continue
-    found, todo = [], [pid]
-    while todo:
-        kids = by_parent.get(todo.pop(), [])
-        found += kids
-        todo += kids
     return found
 
 
@@ -187,14 +171,14 @@ class DevStack(DevAirflow):
 
     def pid_of(self, needle: str) -> int:
         """The one process of this stack whose command line contains ``needle``."""
-        mine = set(children(self.proc.pid)) if self.proc else set()
+        mine = set(descendants(self.proc.pid)) if self.proc else set()
         found = [pid for pid, cmd in processes().items() if pid in mine and needle in cmd]
         assert len(found) >= 1, f"no process of the stack runs {needle!r}"
         return min(found)  # the parent of a pre-forking server
 
     def kill_tree(self, pid: int) -> list[int]:
         """SIGKILL ``pid`` and every descendant at once (what a machine's death does)."""
-        doomed = [pid, *children(pid)]
+        doomed = [pid, *descendants(pid)]
         for sig in (signal.SIGSTOP, signal.SIGKILL):  # stopped first: nothing respawns
             for each in doomed:
                 with contextlib.suppress(ProcessLookupError):

@@ -7,18 +7,12 @@ from __future__ import annotations
 
 import pytest
 from support.browser import browser  # noqa: F401 - the fixture, shared with tests/deploy
-from support.devstack import DevAirflow, save_logs
+from support.devstack import DevAirflow, running
 from support.fresh import fresh_copy
 
 
 @pytest.fixture(scope="session")
 def dev_airflow(tmp_path_factory: pytest.TempPathFactory):
     """``./dev airflow`` from a fresh copy of the tree, ready, with its login read."""
-    stack = DevAirflow(fresh_copy(tmp_path_factory.mktemp("journey") / "clone"))
-    try:
-        stack.start()
-        stack.wait_ready()
+    with running(DevAirflow(fresh_copy(tmp_path_factory.mktemp("journey") / "clone"))) as stack:
         yield stack
-    finally:
-        stack.stop()
-        save_logs(stack)
