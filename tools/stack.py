@@ -85,22 +85,24 @@ class ProductionStack:
                  host: str | None) -> None:
         self.root = root
         self.logs = root / "logs"
-        base = port or int(env.get("AIRFLOW__API__PORT") or 8080)
+        raw = env.get("AIRFLOW__API__PORT") or "8080"
+        if port is None and not raw.isdigit():
+            raise ValueError(f"AIRFLOW__API__PORT must be a port number, got {raw!r}")
+        base = port or int(raw)
         self.ports = {name: base + offset for name, offset in PORTS.items()}
-        self.secrets = load_secrets(root / "secrets.env")
-        s = self.secrets
+        self.secrets = s = load_secrets(root / "secrets.env")
         self.bucket = env.get("TRAINING_BUCKET", "models")
         self.store_identity = S3Identity("store", s["STORE_ACCESS_KEY"],
                                          s["STORE_SECRET_KEY"], (self.bucket,))
-        self.services: dict[str, Service] = {
-            "postgres": PostgreSQL(root / "postgres", self.ports["postgres"],
-                                   password=s["POSTGRES_PASSWORD"]),
-            "redis": Redis(root / "redis", self.ports["redis"], password=s["REDIS_PASSWORD"]),
-            "seaweedfs": SeaweedFS(
-                root / "seaweedfs", self.ports["s3"],
-                [S3Identity("admin", s["S3_ADMIN_ACCESS_KEY"], s["S3_ADMIN_SECRET_KEY"]),
-                 self.store_identity], buckets=[self.bucket]),
-        }
+        self.postgres = PostgreSQL(root / "postgres", self.ports["postgres"],
+                                   password=s["POSTGRES_PASSWORD"])
+        self.redis = Redis(root / "redis", self.ports["redis"], password=s["REDIS_PASSWORD"])
+        self.seaweedfs = SeaweedFS(
+            root / "seaweedfs", self.ports["s3"],
+            [S3Identity("admin", s["S3_ADMIN_ACCESS_KEY"], s["S3_ADMIN_SECRET_KEY"]),
+             self.store_identity], buckets=[self.bucket])
+        self.services: dict[str, Service] = {"postgres": self.postgres, "redis": self.redis,
+                                             "seaweedfs": self.seaweedfs}
         for name, service in self.services.items():
             service.log = self.logs / f"{name}.log"
         self.env = component_env({**self.defaults(), **env}, host, port)
@@ -114,9 +116,7 @@ class ProductionStack:
 
     def defaults(self) -> dict[str, str]:
         """Airflow's and the project's settings, as docker/compose.yaml passes them."""
-        s, pg = self.secrets, self.services["postgres"]
-        sw = self.services["seaweedfs"]
-        assert isinstance(pg, PostgreSQL) and isinstance(sw, SeaweedFS)
+        s, pg = self.secrets, self.postgres
         return {
             "AIRFLOW_HOME": os.fspath(self.root / "airflow"),
             "AIRFLOW__CORE__DAGS_FOLDER": os.fspath(ROOT / "dags"),
@@ -129,12 +129,12 @@ class ProductionStack:
             "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": pg.url,
             # psycopg2 by name: a bare db+postgresql:// picks psycopg 3 under SQLAlchemy 2.1
             "AIRFLOW__CELERY__RESULT_BACKEND": "db+" + pg.url,
-            "AIRFLOW__CELERY__BROKER_URL": self.services["redis"].url,  # type: ignore[attr-defined]
+            "AIRFLOW__CELERY__BROKER_URL": self.redis.url,
             "AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK": "true",
             # A worker that dies with its tasks (a lost machine) is noticed in a minute
             # rather than Airflow's default five, and the task goes to its retries.
             "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "60",
-            "AIRFLOW_CONN_AWS_DEFAULT": json.dumps(sw.connection(self.store_identity)),
+            "AIRFLOW_CONN_AWS_DEFAULT": json.dumps(self.seaweedfs.connection(self.store_identity)),
             "TRAINING_DATA_DIR": os.fspath(self.root / "data"),
             "TRAINING_STORE_URI": f"s3://{self.bucket}/registry",
             "TRAINING_AWS_CONN_ID": "aws_default",
@@ -220,8 +220,6 @@ class ProductionStack:
     def banner(self) -> str:
         pg, redis = self.env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"], \
             self.env["AIRFLOW__CELERY__BROKER_URL"]
-        sw = self.services["seaweedfs"]
-        assert isinstance(sw, SeaweedFS)
         home = Path(self.env["AIRFLOW_HOME"])
         return "\n".join([
             "",
@@ -230,7 +228,7 @@ class ProductionStack:
             f"  DAG:        {self.base_url}/dags/{DAG_ID} (trigger with accelerator gpu: "
             "train runs on the gpu-queue worker)",
             f"  Models:     {self.base_url}/models/",
-            f"  store:      {self.env['TRAINING_STORE_URI']} on {sw.endpoint} "
+            f"  store:      {self.env['TRAINING_STORE_URI']} on {self.seaweedfs.endpoint} "
             "(SeaweedFS; keys in secrets.env)",
             f"  database:   {preflight.masked(pg)}",
             f"  broker:     {preflight.masked(redis)}",
