@@ -25,16 +25,13 @@ import re
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import parse_qs, urlparse
 
 import pytest
+from support.fake_kubernetes import FakeKubernetes, Plan
 
 from training.config import RunConfig
 from training.launch import kubernetes as k8s
 
-INDEX_KEY = "batch.kubernetes.io/job-completion-index"
 TOKEN = f"fake-bearer-{uuid.uuid4().hex}"
 AWS_SECRET = f"never-log-me-{uuid.uuid4().hex}"
 NAMESPACE = "ml"
@@ -44,236 +41,6 @@ STAGED = {"name": "digits", "version": "1.0.0", "path": "/data/datasets/digits/1
           "staging_dir": "/data/datasets", "fingerprint": "0" * 64}
 
 
-# --- a fake Kubernetes API over HTTP --------------------------------------------------
-@dataclass
-class Plan:
-    """How the fake plays a Job: polls until the end, the outcome, each worker's log."""
-
-    outcome: str = "succeeded"  # or "failed", or "never"
-    polls: int = 3  # status reads before the Job ends
-    lines: int = 4  # log lines per worker
-    failing: int = 1  # the worker that fails first
-    reason: str = "Error"
-    exit_code: int = 1
-    tail: tuple[str, ...] = ("Traceback (most recent call last):", "ValueError: boom")
-
-
-@dataclass
-class FakeJob:
-    body: dict
-    plan: Plan
-    uid: str
-    reads: int = 0
-    pods: list[str] = field(default_factory=list)
-
-
-def _stamp(second: int, fraction: str) -> str:
-    return f"2026-03-01T00:{second // 60:02d}:{second % 60:02d}{fraction}Z"
-
-
-class FakeKubernetes:
-    """The objects, pods and logs of one namespace-scoped fake cluster."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.requests: list[tuple[str, str, dict, dict | None]] = []  # method, path, query, body
-        self.objects: dict[tuple[str, str], dict] = {}  # (kind, name) -> body
-        self.jobs: dict[str, FakeJob] = {}
-        self.pods: dict[str, dict] = {}
-        self.logs: dict[str, list[str]] = {}  # pod -> timestamped lines
-        self.plans: list[Plan] = []  # the next Jobs' plans, in creation order
-        self.faults: list[tuple[str, str, int]] = []  # (method, path regex, status), once each
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever,
-                                       kwargs={"poll_interval": 0.05}, daemon=True)
-
-    # --- what a test reads ------------------------------------------------------------
-    def created(self, dry_run: bool = False) -> list[tuple[str, str, dict]]:
-        """(kind path, namespace, body) of every POST (or every dry-run POST), in order."""
-        out = []
-        for method, path, query, body in self.requests:
-            match = re.fullmatch(r"/api(?:s/batch)?/v1/namespaces/([^/]+)/(\w+)", path)
-            if method == "POST" and match and ("dryRun" in query) == dry_run:
-                out.append((match.group(2), match.group(1), body))
-        return out
-
-    def changes(self) -> list[tuple[str, str]]:
-        """(method, path) of every request but reads; dry runs marked ``?dryRun=All``."""
-        return [(m, p + ("?dryRun=" + q["dryRun"][0] if "dryRun" in q else ""))
-                for m, p, q, _ in self.requests if m != "GET"]
-
-    def calls(self, method: str, pattern: str) -> list[tuple[str, str, dict, dict | None]]:
-        return [r for r in self.requests if r[0] == method and re.search(pattern, r[1])]
-
-    def worker_lines(self, pod: str) -> list[str]:
-        return [line.split(" ", 1)[1] for line in self.logs[pod]]
-
-    # --- the cluster's side -----------------------------------------------------------
-    def _create_job(self, body: dict) -> dict:
-        name = body["metadata"]["name"]
-        plan = self.plans.pop(0) if self.plans else Plan()
-        uid = uuid.uuid4().hex
-        stored = json.loads(json.dumps(body))
-        stored["metadata"]["uid"] = uid
-        stored["spec"]["selector"] = {"matchLabels": {"batch.kubernetes.io/controller-uid": uid}}
-        stored["status"] = {"active": body["spec"]["parallelism"]}
-        job = self.jobs[name] = FakeJob(stored, plan, uid)
-        template = body["spec"]["template"]
-        for index in range(body["spec"]["completions"]):
-            pod = f"{name}-{index}-{uid[:5]}"
-            job.pods.append(pod)
-            labels = {**template["metadata"]["labels"], "job-name": name,
-                      "batch.kubernetes.io/job-name": name, "controller-uid": uid,
-                      "batch.kubernetes.io/controller-uid": uid, INDEX_KEY: str(index)}
-            self.pods[pod] = {
-                "apiVersion": "v1", "kind": "Pod",
-                "metadata": {"name": pod, "namespace": body["metadata"]["namespace"],
-                             "labels": labels, "annotations": {INDEX_KEY: str(index)}},
-                "spec": {"containers": [{"name": "trainer",
-                                         "image": template["spec"]["containers"][0]["image"]}]},
-                "status": {"phase": "Running", "containerStatuses": [self._status(
-                    {"running": {"startedAt": _stamp(0, "")}})]},
-            }
-            # Fraction digits vary as with RFC 3339 nano; two lines share a timestamp.
-            lines = [f"{_stamp(j + 1, '.5' if j % 2 else '.123456789')} "
-                     f"uid {uid[:5]} worker {index} line {j}" for j in range(plan.lines)]
-            lines.insert(1, lines[0].replace(" line 0", " line 0 again"))
-            if plan.outcome == "failed" and index == plan.failing:
-                lines += [f"{_stamp(50, '.25')} {text}" for text in plan.tail]
-            self.logs[pod] = lines
-        return stored
-
-    @staticmethod
-    def _status(state: dict) -> dict:
-        return {"name": "trainer", "image": "img", "imageID": "", "ready": "running" in state,
-                "restartCount": 0, "state": state}
-
-    def _advance(self, job: FakeJob) -> None:
-        job.reads += 1
-        plan = job.plan
-        if plan.outcome == "never" or job.reads < plan.polls or job.body["status"].get(
-            "conditions"
-        ):
-            return
-        for index, pod in enumerate(job.pods):
-            failed = plan.outcome == "failed"
-            code = (plan.exit_code if index == plan.failing else 143) if failed else 0
-            finished = 60 if index == plan.failing else 65
-            self.pods[pod]["status"] = {
-                "phase": "Failed" if code else "Succeeded",
-                "containerStatuses": [self._status({"terminated": {
-                    "exitCode": code, "reason": plan.reason if code else "Completed",
-                    "startedAt": _stamp(0, ""), "finishedAt": _stamp(finished, "")}})],
-            }
-        kind, reason = (("Failed", "BackoffLimitExceeded") if plan.outcome == "failed"
-                        else ("Complete", "CompletionsReached"))
-        job.body["status"] = {
-            "succeeded" if kind == "Complete" else "failed": len(job.pods),
-            "conditions": [{"type": kind, "status": "True", "reason": reason,
-                            "message": "Job has reached the specified backoff limit"
-                            if kind == "Failed" else "Reached expected number of succeeded pods",
-                            "lastTransitionTime": _stamp(70, "")}],
-        }
-
-    def _visible_lines(self, pod: str) -> list[str]:
-        """Logs grow as the Job is polled: line k appears after k status reads."""
-        job = next(j for j in self.jobs.values() if pod in j.pods) if any(
-            pod in j.pods for j in self.jobs.values()) else None
-        lines = self.logs[pod]
-        if job is None or job.body["status"].get("conditions"):
-            return lines
-        return lines[: job.reads + 1]
-
-    # --- HTTP -------------------------------------------------------------------------
-    def handle(self, method: str, path: str, query: dict, body: dict | None):
-        with self.lock:
-            self.requests.append((method, path, query, body))
-            for fault in self.faults:
-                if fault[0] == method and re.search(fault[1], path):
-                    self.faults.remove(fault)
-                    return fault[2], _status_body(fault[2], "Injected", "injected by the test")
-            parts = path.strip("/").split("/")
-            # /api/v1/namespaces/{ns}/{kind}[/{name}[/{sub}]]
-            # /apis/batch/v1/namespaces/{ns}/{kind}[/{name}[/{sub}]]
-            rest = parts[3:] if parts[0] == "api" else parts[4:]
-            kind, name, sub = rest[1], (rest[2] if len(rest) > 2 else None), (
-                rest[3] if len(rest) > 3 else None)
-            if kind in ("configmaps", "services", "jobs") and method == "POST":
-                key = (kind, body["metadata"]["name"])
-                if key in self.objects:
-                    return 409, _status_body(409, "AlreadyExists",
-                                             f'{kind} "{key[1]}" already exists')
-                if query.get("dryRun") == ["All"]:  # checked, answered, not stored
-                    return 201, body
-                stored = self._create_job(body) if kind == "jobs" else body
-                self.objects[key] = stored
-                return 201, stored
-            if kind in ("configmaps", "services") and method == "PUT":
-                self.objects[(kind, name)] = body
-                return 200, body
-            if kind == "jobs" and name is not None:
-                job = self.jobs.get(name)
-                if job is None or ("jobs", name) not in self.objects:
-                    return 404, _status_body(404, "NotFound", f'jobs "{name}" not found')
-                if method == "GET":
-                    self._advance(job)
-                    return 200, job.body
-                if method == "DELETE":
-                    # Background propagation: the Job goes now, its pods stay a while.
-                    del self.objects[("jobs", name)]
-                    del self.jobs[name]
-                    return 200, _status_body(200, "", "deleted")
-            if kind == "pods" and name is None and method == "GET":
-                wanted = dict(p.split("=", 1) for p in query["labelSelector"][0].split(","))
-                items = [p for p in self.pods.values()
-                         if all(p["metadata"]["labels"].get(k) == v for k, v in wanted.items())]
-                return 200, {"apiVersion": "v1", "kind": "PodList", "metadata": {},
-                             "items": items}
-            if kind == "pods" and sub == "log":
-                if name not in self.pods:
-                    return 404, _status_body(404, "NotFound", f'pods "{name}" not found')
-                lines = self._visible_lines(name)
-                if query.get("timestamps", [""])[0].lower() != "true":  # Go ParseBool
-                    lines = [line.split(" ", 1)[1] for line in lines]
-                if "tailLines" in query:
-                    lines = lines[-int(query["tailLines"][0]):]
-                return 200, "".join(line + "\n" for line in lines)  # ignores sinceSeconds
-        return 404, _status_body(404, "NotFound", f"no fake for {method} {path}")
-
-    def _handler(self):
-        fake = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def _serve(self) -> None:
-                url = urlparse(self.path)
-                length = int(self.headers.get("Content-Length") or 0)
-                raw = self.rfile.read(length) if length else b""
-                body = json.loads(raw) if raw else None
-                status, payload = fake.handle(self.command, url.path, parse_qs(url.query), body)
-                data = payload.encode() if isinstance(payload, str) else json.dumps(
-                    payload).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "text/plain" if isinstance(payload, str)
-                                 else "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            do_GET = do_POST = do_PUT = do_DELETE = _serve
-
-            def log_message(self, *args) -> None:
-                pass
-
-        return Handler
-
-
-def _status_body(code: int, reason: str, message: str) -> dict:
-    return {"apiVersion": "v1", "kind": "Status", "status": "Failure" if code >= 400 else
-            "Success", "reason": reason, "message": message, "code": code}
-
-
-# --- fixtures -------------------------------------------------------------------------
 @pytest.fixture
 def cluster(monkeypatch):
     fake = FakeKubernetes()
@@ -292,7 +59,8 @@ def cluster(monkeypatch):
     monkeypatch.setenv("TRAINING_K8S_POLL_INTERVAL", "0")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", AWS_SECRET)  # the worker's own; never sent
     for key in ("TRAINING_K8S_OPTIONS", "TRAINING_K8S_IMAGE", "TRAINING_K8S_SERVICE_ACCOUNT",
-                "TRAINING_K8S_SHARED_PVC", "TRAINING_K8S_SHARED_MOUNT"):
+                "TRAINING_K8S_SHARED_PVC", "TRAINING_K8S_SHARED_MOUNT",
+                "TRAINING_K8S_KUEUE_QUEUE"):
         monkeypatch.delenv(key, raising=False)
     try:
         yield fake
@@ -607,3 +375,96 @@ def test_settings_are_checked_before_any_connection(cluster, cfg, operator, monk
     assert isinstance(error, ConfigError)
     assert str(error).startswith("TRAINING_K8S_POLL_INTERVAL: KubernetesOptions.poll_interval")
     assert cluster.requests == []
+
+
+# --- a Job waiting in a Kueue queue ---------------------------------------------------
+def test_a_queued_job_is_logged_as_queued_then_followed_once_admitted(cluster, cfg, operator,
+                                                                      monkeypatch):
+    monkeypatch.setenv("TRAINING_K8S_KUEUE_QUEUE", "team-a")
+    monkeypatch.setenv("TRAINING_K8S_SHARED_PVC", "training-data")
+    cluster.plans.append(Plan(queued=6))
+
+    result, logs, error = launch(operator, cfg)
+
+    assert error is None
+    name = k8s.job_name(cfg.run_id)
+    expected = k8s.render(cfg, k8s.KubernetesOptions.from_env(os.environ), STAGED)[2]
+    assert expected["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
+    assert expected["spec"]["suspend"] is True
+    assert cluster.created(dry_run=True)[-1][2] == cluster.created()[-1][2] == expected
+    assert cluster.jobs[name].queued_reads == 6  # it stayed suspended for six looks
+    text = messages(logs)
+    queued = [i for i, m in enumerate(text) if "is queued in Kueue LocalQueue 'team-a'" in m]
+    admitted = [i for i, m in enumerate(text) if f"Job {NAMESPACE}/{name} was admitted" in m]
+    first_worker_line = min(i for i, m in enumerate(text) if m.startswith("[worker "))
+    assert len(queued) == 1 and len(admitted) == 1  # well under a minute in the queue
+    assert queued[0] < admitted[0] < first_worker_line
+    assert "its 2 pod(s) start together" in text[queued[0]]
+    # then followed as any Job: every line of every worker, and success
+    for index, pod in enumerate(cluster.jobs[name].pods):
+        assert worker_messages(logs, index) == cluster.worker_lines(pod)
+    assert result["job"] == name and any(m.endswith("succeeded") for m in text)
+    assert [e for e in logs if e["log_level"] in ("warning", "error")] == []
+    assert cluster.calls("DELETE", r"/jobs/") == []
+
+
+class RecordedLog:
+    """The ``log`` a ``TrainingJob`` writes to, as (level, message) pairs."""
+
+    def __init__(self) -> None:
+        self.lines: list[tuple[str, str]] = []
+
+    def _add(self, level: str, message: str, *args) -> None:
+        self.lines.append((level, message % args))
+
+    def debug(self, *args) -> None:
+        self._add("debug", *args)
+
+    def info(self, *args) -> None:
+        self._add("info", *args)
+
+    def warning(self, *args) -> None:
+        self._add("warning", *args)
+
+    def error(self, *args) -> None:
+        self._add("error", *args)
+
+
+def test_a_long_wait_in_the_queue_is_logged_every_minute_and_never_fails(cluster, cfg):
+    from kubernetes import client
+
+    from training.launch.kubernetes.kueue import QUEUED_LOG_EVERY
+
+    api = client.ApiClient(client.Configuration(host=cluster.url))
+    now = [0.0]
+
+    def sleep(seconds: float) -> None:  # 25 s between looks, on a clock of the test's
+        assert seconds == 25
+        now[0] += seconds
+
+    cluster.plans.append(Plan(queued=10))  # admitted on the tenth look, after 250 s
+    options = k8s.KubernetesOptions(namespace=NAMESPACE, kueue_queue="team-a",
+                                    shared_volume_claim="training-data", poll_interval=25)
+    log = RecordedLog()
+    job = k8s.TrainingJob(cfg, options, log, sleep=sleep, clock=lambda: now[0])
+
+    result = job.run(client.CoreV1Api(api), client.BatchV1Api(api))
+
+    assert result["job"] == job.name and now[0] > 250
+    queued = [m for _, m in log.lines if re.search(r" is (still )?queued in Kueue", m)]
+    assert QUEUED_LOG_EVERY == 60
+    assert queued == [  # at 0 s, then at the first look a minute or more after the last
+        f"Job {NAMESPACE}/{job.name} is queued in Kueue LocalQueue 'team-a': suspended "
+        "until it is admitted, then its 2 pod(s) start together",
+        *(f"Job {NAMESPACE}/{job.name} is still queued in Kueue LocalQueue 'team-a', for "
+          f"{after}" for after in ("1 min 15 s", "2 min 30 s", "3 min 45 s")),
+    ]
+    assert (f"Job {NAMESPACE}/{job.name} was admitted after 4 min 10 s queued in Kueue "
+            "LocalQueue 'team-a'; following it") in [m for _, m in log.lines]
+    assert [m for level, m in log.lines if level in ("warning", "error")] == []
+    assert worker_messages_of(log, 1) == cluster.worker_lines(cluster.jobs[job.name].pods[1])
+
+
+def worker_messages_of(log: RecordedLog, index: int) -> list[str]:
+    prefix = f"[worker {index}] "
+    return [m[len(prefix):] for _, m in log.lines if m.startswith(prefix)]

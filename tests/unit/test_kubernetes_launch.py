@@ -248,6 +248,19 @@ def test_extra_node_selector_and_tolerations_are_added():
     assert pod["tolerations"] == [GPU_TOLERATION, spot]
 
 
+def test_a_kueue_queue_labels_the_job_and_creates_it_suspended(api_client):
+    cfg = RunConfig.from_flat({"accelerator": "gpu", "workers": 2})
+    objects = k8s.render(cfg, k8s.KubernetesOptions(namespace="ml", kueue_queue="team-a"))
+    job = objects[2]
+    assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
+    assert job["spec"]["suspend"] is True
+    assert as_model(api_client, job, "V1Job").spec.suspend is True
+    # only the Job is queued; without a queue nothing of it is rendered
+    assert "kueue" not in json.dumps(objects[:2])
+    plain = json.dumps(k8s.render(cfg, k8s.KubernetesOptions(namespace="ml")))
+    assert "kueue" not in plain and "suspend" not in plain
+
+
 # --- credentials ------------------------------------------------------------------------
 FAKE_KEY_ID = "AKIAFAKEKEYID0000042"
 FAKE_SECRET = "fake/Secret+Value+That+Must+Never+Appear0"
@@ -367,6 +380,11 @@ def test_run_ids_that_sanitize_alike_get_different_names():
     ("poll_interval", -1, "must be between 0 and 3600 seconds, got -1"),
     ("poll_interval", True, "must be between 0 and 3600 seconds, got True"),
     ("failure_lines", 0, "must be an integer between 1 and 1000, got 0"),
+    ("kueue_queue", "Team_A", "must be None or a Kueue LocalQueue name in the Job's namespace "
+                              r"\(a-z, 0-9, '-' and '.', at most 63 characters: it is a label "
+                              r"value\), got 'Team_A'"),
+    ("kueue_queue", "q" * 64, "must be None or a Kueue LocalQueue name"),
+    ("kueue_queue", 7, "must be None or a Kueue LocalQueue name .* got 7"),
 ])
 def test_bad_options_say_field_value_and_what_is_allowed(field, value, match):
     with pytest.raises(ConfigError, match=rf"KubernetesOptions\.{field} {match}"):
@@ -500,6 +518,9 @@ def test_a_mount_path_without_a_claim_is_refused():
     ({"TRAINING_K8S_SHARED_MOUNT": "/data"},
      "TRAINING_K8S_SHARED_MOUNT: KubernetesOptions.shared_mount_path must be None when "
      "shared_volume_claim (TRAINING_K8S_SHARED_PVC) is not set"),
+    ({"TRAINING_K8S_KUEUE_QUEUE": "team a"},
+     "TRAINING_K8S_KUEUE_QUEUE: KubernetesOptions.kueue_queue must be None or a Kueue "
+     "LocalQueue name"),
     ({"TRAINING_K8S_SHARED_PVC": "d", "TRAINING_K8S_SHARED_MOUNT": "data"},
      "TRAINING_K8S_SHARED_MOUNT: KubernetesOptions.shared_mount_path must be None or an "
      "absolute directory"),
@@ -515,10 +536,11 @@ def test_env_json_with_single_overrides():
                                             "poll_interval": 9}),
         "TRAINING_K8S_NAMESPACE": "b", "TRAINING_K8S_SERVICE_ACCOUNT": "trainer",
         "TRAINING_K8S_POLL_INTERVAL": "2.5", "TRAINING_K8S_IMAGE": "",
-        "TRAINING_K8S_FAILURE_LINES": "7",
+        "TRAINING_K8S_FAILURE_LINES": "7", "TRAINING_K8S_KUEUE_QUEUE": "team-a",
     })
     assert (options.namespace, options.image, options.cpu, options.service_account) == (
         "b", "r/i:1", "4", "trainer")
     assert (options.poll_interval, options.failure_lines, options.shared_volume_claim) == (
         2.5, 7, None)
+    assert options.kueue_queue == "team-a"
     assert k8s.KubernetesOptions.from_env({}) == k8s.KubernetesOptions()

@@ -7,6 +7,8 @@ One idea per module:
   image, identity, scheduling, shared volume, how the launch follows the Job), validated
   when built, read from JSON or the ``TRAINING_K8S_*`` variables;
 - ``manifests``: ``render(cfg, options)``, the three objects as plain dicts, and ``to_yaml``;
+- ``kueue``: queueing on a shared cluster (the queue label, the suspended Job) and
+  ``QueueWatch``, the follower's view of a Job waiting to be admitted;
 - ``pod``: inside each pod, ``TF_CONFIG`` from the Job's completion index (the
   ``exec`` wrapper every pod runs);
 - ``job``: ``TrainingJob``, which applies the objects with plain ``kubernetes`` API

@@ -17,7 +17,9 @@ provider's ``KubernetesHook``), and:
 4. polls the Job every ``options.poll_interval`` seconds, copying its pods' output into
    the log as ``[worker <index>] ...`` (pods selected by the Job's own selector, its
    controller uid, so the pods of a deleted earlier try never mix in) and retrying
-   transient API errors;
+   transient API errors. A suspended Job (``options.kueue_queue``: waiting for Kueue to
+   admit it) is queued, not failing: the log says so once and then every minute
+   (``kueue.QueueWatch``), and it is followed as above once Kueue unsuspends it;
 5. returns ``{"run_id", "run_dir", "job", "namespace"}``, or raises ``LaunchError``
    naming the pod that failed first, its reason and exit code, and its last lines.
 
@@ -37,6 +39,7 @@ from typing import Any
 
 from training.config import RunConfig
 from training.errors import LaunchError
+from training.launch.kubernetes.kueue import QueueWatch
 from training.launch.kubernetes.logs import PodWatch, api_error_text
 from training.launch.kubernetes.manifests import FINGERPRINT_KEY, render
 from training.launch.kubernetes.options import ENV_SHARED_PVC, KubernetesOptions
@@ -77,15 +80,17 @@ class TrainingJob:
     def __init__(self, cfg: RunConfig, options: KubernetesOptions, log: Any, *,
                  identity: str = "the Kubernetes identity in use",
                  staged: Mapping[str, Any] | None = None,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+                 sleep: Callable[[float], None] = time.sleep,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         """Render (and so check) the run's objects; nothing touches a cluster before
         ``run``. ``identity`` names who calls the API, in permission errors; ``staged``
-        is the staged dataset the pods train on (``manifests.render``)."""
+        is the staged dataset the pods train on (``manifests.render``); ``sleep`` and
+        ``clock`` pace the polls and the "still queued" lines."""
         self.cfg, self.options = cfg, options
         self.config_map, self.service, self.job = render(cfg, options, staged)
         self.name = self.job["metadata"]["name"]
         self.namespace = options.namespace
-        self.log, self.identity, self.sleep = log, identity, sleep
+        self.log, self.identity, self.sleep, self.clock = log, identity, sleep, clock
         self.core: Any = None
         self.batch: Any = None
         self.new_batch: Callable[[], Any] | None = None
@@ -174,8 +179,10 @@ class TrainingJob:
                 return None
             raise self._api_error("create the Job", exc) from None
         spec = self.job["spec"]
-        self.log.info("created Job %s/%s: %d worker(s), image %s", self.namespace, self.name,
-                      spec["completions"], spec["template"]["spec"]["containers"][0]["image"])
+        self.log.info("created Job %s/%s: %d worker(s), image %s%s", self.namespace, self.name,
+                      spec["completions"], spec["template"]["spec"]["containers"][0]["image"],
+                      f", for Kueue LocalQueue {self.options.kueue_queue!r}"
+                      if self.options.kueue_queue else "")
         return job
 
     def _create_or_reuse_job(self) -> Any:
@@ -245,6 +252,9 @@ class TrainingJob:
         from urllib3.exceptions import HTTPError
 
         errors, last_progress = 0, None
+        queue = QueueWatch(self.options.kueue_queue, f"{self.namespace}/{self.name}",
+                           self.job["spec"]["completions"], self.log, self.clock)
+        queue.update(job)  # a new Job of a queue is suspended from the start
         while True:
             if self.stopped:
                 raise LaunchError(f"Job {self.namespace}/{self.name} was stopped")
@@ -253,8 +263,11 @@ class TrainingJob:
             self.sleep(self.options.poll_interval)
             try:
                 job = self._read_job()
+                queued = queue.update(job)
+                # While queued there are no pods (preempted ones may still be stopping:
+                # their last lines are kept), and no progress to tell.
                 self.pods.stream(job)
-                progress = self.pods.progress(job)
+                progress = None if queued else self.pods.progress(job)
                 errors = 0
             except (ApiException, HTTPError, OSError) as exc:
                 status = getattr(exc, "status", None)
@@ -268,9 +281,9 @@ class TrainingJob:
                                  self.namespace, self.name, api_error_text(exc), errors,
                                  MAX_TRANSIENT_ERRORS)
                 continue
-            if progress != last_progress:
+            if progress is not None and progress != last_progress:
                 self.log.info("Job %s/%s: %s", self.namespace, self.name, progress)
-                last_progress = progress
+            last_progress = progress
 
     # --- stop -------------------------------------------------------------------------
     def _new_batch(self) -> Any:

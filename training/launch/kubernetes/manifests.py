@@ -11,7 +11,9 @@ Plain dicts, in apply order:
    ``python -m training train --config /etc/training/config.json`` (and ``--staged
    /etc/training/staged.json`` when the DAG handed over its staged dataset); with
    ``options.shared_volume_claim`` its pods also mount that claim over the output and
-   staging directories, at the same path as on the Airflow workers.
+   staging directories, at the same path as on the Airflow workers; with
+   ``options.kueue_queue`` the Job carries Kueue's queue label and is created suspended
+   (``kueue``), so Kueue admits all its pods together.
 
 What a pod asks for on GPU and TPU nodes comes from ``scheduling``. Credentials are never
 rendered: pods read them from a named Secret (``secretKeyRef``) or get them from the
@@ -30,6 +32,7 @@ from typing import Any
 from training import __version__
 from training.config import RunConfig
 from training.errors import ConfigError
+from training.launch.kubernetes.kueue import QUEUE_LABEL
 from training.launch.kubernetes.names import job_name, run_id_label
 from training.launch.kubernetes.options import (
     CREDENTIAL_KEYS,
@@ -253,12 +256,13 @@ def render(cfg: RunConfig, options: KubernetesOptions | None = None,
     rules.append({"action": "Ignore",
                   "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]})
     job_spec["podFailurePolicy"] = {"rules": rules}
-    job_obj = {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": _metadata(cfg, job, namespace),
-        "spec": job_spec,
-    }
+    job_meta = _metadata(cfg, job, namespace)
+    if options.kueue_queue:
+        # Kueue unsuspends it once the whole Job fits its queue's quota.
+        job_meta["labels"][QUEUE_LABEL] = options.kueue_queue
+        job_spec["suspend"] = True
+    job_obj = {"apiVersion": "batch/v1", "kind": "Job", "metadata": job_meta,
+               "spec": job_spec}
     return [config_map, service, job_obj]
 
 

@@ -9,6 +9,9 @@ whose errors also name the variable.
 Nothing here is a secret, and nothing may be: ``env`` refuses keys that look like
 credentials; pods get them from the Secret named in ``credentials_secret`` or from the
 platform identity of ``service_account``.
+
+Just over 300 lines on purpose: the fields and the checks behind their errors are one
+idea; apart, a new field (``kueue_queue`` was the last) could lose its check.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ ENV_FIELDS = {
     "TRAINING_K8S_SHARED_MOUNT": "shared_mount_path",
     "TRAINING_K8S_POLL_INTERVAL": "poll_interval",
     "TRAINING_K8S_FAILURE_LINES": "failure_lines",
+    "TRAINING_K8S_KUEUE_QUEUE": "kueue_queue",
 }
 _ENV_NUMBERS = {"poll_interval": float, "failure_lines": int}
 
@@ -101,6 +105,7 @@ class KubernetesOptions:
     ttl_seconds_after_finished: int | None = None
     # exit codes that fail the Job at once: a bad config (training.entry)
     fail_job_exit_codes: tuple[int, ...] = (CONFIG_ERROR_EXIT,)
+    kueue_queue: str | None = None  # Kueue LocalQueue: the Job waits suspended until admitted
     shared_volume_claim: str | None = None  # ReadWriteMany PVC holding output/staging dirs
     shared_mount_path: str | None = None  # where it is mounted; None: their common parent
     poll_interval: float = 15.0  # seconds between two looks at the Job
@@ -266,13 +271,18 @@ def _check_pods(o: KubernetesOptions) -> None:
 
 
 def _check_job(o: KubernetesOptions) -> None:
-    """The Job's limits."""
+    """The Job's limits and its Kueue queue."""
     if not _is_int(o.backoff_limit) or not 0 <= o.backoff_limit <= 100:
         _fail("backoff_limit", o.backoff_limit, "an integer between 0 and 100")
     for name, low in (("active_deadline_seconds", 1), ("ttl_seconds_after_finished", 0)):
         value = getattr(o, name)
         if value is not None and (not _is_int(value) or value < low):
             _fail(name, value, f"None or an integer of at least {low}")
+    queue = o.kueue_queue
+    # a LocalQueue name that is also a label value (kueue.x-k8s.io/queue-name)
+    if queue is not None and not (is_object_name(queue) and len(queue) <= 63):
+        _fail("kueue_queue", queue, "None or a Kueue LocalQueue name in the Job's namespace "
+              "(a-z, 0-9, '-' and '.', at most 63 characters: it is a label value)")
 
 
 def _check_launch(o: KubernetesOptions) -> None:
