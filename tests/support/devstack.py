@@ -34,6 +34,8 @@ from typing import Any
 import pytest
 from support.fresh import artifacts_dir, new_user_env
 
+from training_airflow.standalone import descendants
+
 __all__ = ["CHROMIUM", "DAG_ID", "USER", "DevAirflow", "artifacts_dir", "running", "save_logs"]
 
 DAG_ID = "keras_retrain"
@@ -87,7 +89,7 @@ class DevAirflow:
             ["./dev", self.command, "--port", str(self.port)], cwd=self.root,
             env=new_user_env(),
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True,
+            start_new_session=True, preexec_fn=_as_in_a_terminal,
         )
         threading.Thread(target=self._read, daemon=True).start()
 
@@ -121,15 +123,27 @@ class DevAirflow:
                                + self.diagnostics())
 
     def stop(self, grace_s: float = 60.0) -> None:
-        """Ctrl-C, as a person stops it; then the whole session if anything is left."""
+        """Ctrl-C, as a person stops it. Whatever of it is still there after ``grace_s``
+        (the command or any process it started) is killed, and that is an error: Ctrl-C
+        must stop everything."""
         if self.proc is None:
             return
-        if self.proc.poll() is None:
+        tree = descendants(self.proc.pid)
+        stopped = self.proc.poll() is not None
+        if not stopped:
             os.kill(self.proc.pid, signal.SIGINT)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(timeout=grace_s)
+                stopped = True
+        left = [pid for pid in tree if _running(pid)]
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signal.SIGKILL)
+        if not stopped or left:
+            raise RuntimeError(f"./dev {self.command} did not stop on Ctrl-C within "
+                               f"{grace_s:.0f} s: {len(left)} of its processes killed")
 
     # -- HTTP, beside the browser
 
@@ -220,6 +234,20 @@ class DevAirflow:
             parts.append(f"----- task log {path.relative_to(self.home)} (tail) -----\n"
                          + "\n".join(text))
         return "\n".join(parts)
+
+
+def _as_in_a_terminal() -> None:
+    """The child's Ctrl-C as a terminal gives it: a test run started in the background
+    of a script (``./dev test &``) inherits SIGINT ignored, and so would the stack."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def _running(pid: int) -> bool:
+    try:
+        state = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
 
 
 def quote(value: str) -> str:
