@@ -29,6 +29,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from training_airflow.standalone import log_tail
+
 HOST = "127.0.0.1"
 
 
@@ -41,6 +43,8 @@ def free_port_block(count: int, start: int = 20000, stop: int = 60000) -> int:
     with socket.socket() as probe:
         probe.bind((HOST, 0))
         first = probe.getsockname()[1]
+    # Then a scan from a start that differs by process, so that two test workers looking
+    # at the same moment do not try the same blocks in the same order.
     candidates = [first, *range(start + (os.getpid() * 37) % 1000 * 20, stop, count)]
     for base in candidates:
         if base + count > 65535:
@@ -60,15 +64,8 @@ def port_is_free(port: int) -> bool:
     return True
 
 
-def _tail(path: Path, lines: int = 15) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return ""
-
-
 class Service:
-    """One server process: ``start`` until it answers, ``stop``, ``kill``, ``restart``."""
+    """One server process: ``start`` until it answers, ``stop``, ``kill``."""
 
     name = "service"
     stop_signal = signal.SIGTERM
@@ -103,7 +100,7 @@ class Service:
         while not self.ready():
             if self.proc.poll() is not None:
                 raise ServiceError(f"{self.name} exited with code {self.proc.returncode} at "
-                                   f"start; last lines of {self.log}:\n{_tail(self.log)}")
+                                   f"start; last lines of {self.log}:\n{log_tail(self.log, 15)}")
             if time.monotonic() > deadline:
                 self.kill()
                 raise ServiceError(f"{self.name} did not answer on {HOST}:{self.port} in "
@@ -132,10 +129,6 @@ class Service:
             os.killpg(self.proc.pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=10)
-
-    def restart(self) -> None:
-        self.stop()
-        self.start()
 
 
 def accepts(port: int) -> bool:
@@ -229,7 +222,6 @@ class PostgreSQL(Service):
             raise ServiceError("initdb failed: " + exc.stderr.decode(errors="replace")) from None
         finally:
             secret.unlink()
-        self._first_start = True
 
     def command(self) -> list[str]:
         return [os.fspath(self.bin / "postgres"), "-D", os.fspath(self.data),
@@ -254,9 +246,10 @@ class PostgreSQL(Service):
                                check=False).returncode == 0
 
     def start(self, timeout: float = 60.0) -> None:
-        self._first_start = False
+        """Start the cluster; the user and its database are made when they do not exist
+        (the first start, or one that stopped between ``initdb`` and them)."""
         super().start(timeout)
-        if self._first_start:
+        if not self.psql(f"SELECT 1 FROM pg_roles WHERE rolname = '{self.user}'"):
             quoted = self.password.replace("'", "''")
             self.psql(f"CREATE ROLE {self.user} LOGIN PASSWORD '{quoted}'")
             self.psql(f"CREATE DATABASE {self.database} OWNER {self.user}")

@@ -34,6 +34,7 @@ import json
 import os
 import secrets
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -53,6 +54,18 @@ PORTS = {"api": 0, "worker_log": 1, "trigger_log": 2, "gpu_worker_log": 3,
 SPAN = PORTS["s3"] + len(SeaweedFS.PORTS)
 MAX_RESTARTS = 5
 DAG_ID = "keras_retrain"
+
+
+def _size(path: Path) -> int:
+    return path.stat().st_size if path.exists() else 0
+
+
+def _read_from(path: Path, offset: int) -> bytes:
+    if not path.exists():
+        return b""
+    with open(path, "rb") as log:
+        log.seek(offset)
+        return log.read()
 
 
 def load_secrets(path: Path) -> dict[str, str]:
@@ -166,13 +179,13 @@ class ProductionStack:
         for line in preflight.check(self.env):
             print(f"  ok: {line}", flush=True)
         self.migrate()
+        # The logs are appended to across starts: only what this start writes counts.
+        seen = {name: _size(self.logs / f"{name}.log") for name in ("worker", "worker-gpu")}
         self.airflow.start()
         wait_ready(self.airflow, self.base_url)
-        self.wait_workers()
+        self.wait_workers(seen)
 
     def migrate(self) -> None:
-        import subprocess
-
         log = self.logs / "db-migrate.log"
         with open(log, "wb") as out:
             done = subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"],
@@ -181,12 +194,13 @@ class ProductionStack:
         if done.returncode != 0:
             raise ServiceError(f"airflow db migrate failed (exit {done.returncode}); log: {log}")
 
-    def wait_workers(self, timeout: float = 180.0) -> None:
-        """Until each Celery worker says it is ready (its own log's ``ready.`` line)."""
+    def wait_workers(self, seen: Mapping[str, int], timeout: float = 180.0) -> None:
+        """Until each Celery worker says it is ready (a ``ready.`` line its log gained
+        after the first ``seen[name]`` bytes)."""
         deadline = time.monotonic() + timeout
-        for name in ("worker", "worker-gpu"):
+        for name, offset in seen.items():
             log = self.logs / f"{name}.log"
-            while " ready." not in (log.read_text(errors="replace") if log.exists() else ""):
+            while b" ready." not in _read_from(log, offset):
                 if self.airflow.procs[name].poll() is not None or time.monotonic() > deadline:
                     raise ServiceError(f"Celery {name} did not become ready; log: {log}")
                 time.sleep(0.5)
@@ -279,7 +293,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         stack.stop()
-    return 0
 
 
 if __name__ == "__main__":

@@ -95,7 +95,7 @@ def _get_json(url: str) -> dict:
         return json.loads(response.read())
 
 
-def _tail(path: Path, lines: int = 30) -> str:
+def log_tail(path: Path, lines: int = 30) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
@@ -206,7 +206,7 @@ def wait_ready(stack: Stack, base_url: str, timeout: float = STARTUP_TIMEOUT_S) 
             log = stack.log_dir / f"{dead}.log"
             raise SystemExit(f"error: airflow {dead} exited with code "
                              f"{stack.procs[dead].returncode}; last lines of {log}:\n"
-                             + _tail(log))
+                             + log_tail(log))
         try:
             health = _get_json(f"{base_url}/api/v2/monitor/health")
             if all(health.get(c, {}).get("status") == "healthy"
@@ -283,7 +283,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             time.sleep(1.0)
         log = stack.log_dir / f"{dead}.log"
         print(f"error: airflow {dead} exited with code {stack.procs[dead].returncode}; "
-              f"last lines of {log}:\n{_tail(log)}", file=sys.stderr, flush=True)
+              f"last lines of {log}:\n{log_tail(log)}", file=sys.stderr, flush=True)
         return 1
     except KeyboardInterrupt:
         print("stopping Airflow ...", flush=True)
