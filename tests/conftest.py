@@ -88,16 +88,17 @@ def airflow_db() -> str:
     return AIRFLOW_HOME
 
 
-LONGEST_FIRST = ("deploy", "system", "tests/journeys/test_readme_commands.py")
+LONGEST_FIRST = ("deploy/images", "deploy", "system", "tests/journeys/test_readme_commands.py")
 
 
 def _group(nodeid: str) -> str:
     """A test's group: every system test is one group ("system"), every deployment test
-    another ("deploy": they share one ``./dev stack``); an integration test is a group of
+    another ("deploy": they share one ``./dev stack``), every image test a third
+    ("deploy/images": they share one engine and its images); an integration test is a group of
     its own (they share nothing wider than the session, and the long ones spread over
     both workers); any other test, its module (module fixtures, order)."""
     module = nodeid.split("::")[0]
-    for folder in ("system", "deploy"):
+    for folder in ("system", "deploy/images", "deploy"):
         if module.startswith(f"tests/{folder}/"):
             return folder
     return nodeid if module.startswith("tests/integration/") else module

@@ -29,6 +29,20 @@ MODEL = "digits-mlp"
 RUN_TIMEOUT_S = 600.0
 
 
+def rehash(client: Any, version: str, model: str = MODEL, bucket: str = "models",
+           root: str = "registry") -> dict[str, Any]:
+    """A published version's manifest, every object it names read back with a plain boto3
+    ``client`` and re-hashed against it (what any reader of the store can check)."""
+    prefix = f"{root}/models/{model}/versions/{version}"
+    manifest = json.loads(client.get_object(Bucket=bucket, Key=f"{prefix}/manifest.json")
+                          ["Body"].read())
+    for entry in manifest["files"]:
+        data = client.get_object(Bucket=bucket, Key=f"{prefix}/{entry['path']}")["Body"].read()
+        assert len(data) == entry["size"], entry
+        assert hashlib.sha256(data).hexdigest() == entry["sha256"], entry
+    return manifest
+
+
 def processes() -> dict[int, str]:
     """Every live process's pid and command line."""
     found = {}
@@ -91,15 +105,7 @@ class DevStack(DevAirflow):
 
     def rehash(self, version: str, model: str = MODEL) -> dict[str, Any]:
         """The version's manifest, every object it names read back and re-hashed."""
-        client, prefix = self.s3(), f"registry/models/{model}/versions/{version}"
-        manifest = json.loads(client.get_object(Bucket="models", Key=f"{prefix}/manifest.json")
-                              ["Body"].read())
-        for entry in manifest["files"]:
-            body = client.get_object(Bucket="models", Key=f"{prefix}/{entry['path']}")["Body"]
-            data = body.read()
-            assert len(data) == entry["size"], entry
-            assert hashlib.sha256(data).hexdigest() == entry["sha256"], entry
-        return manifest
+        return rehash(self.s3(), version, model)
 
     def versions(self, model: str = MODEL) -> set[str]:
         listed = self.s3().list_objects_v2(Bucket="models",
