@@ -31,8 +31,9 @@ CLI_HELP = "./dev cli run --help"
 DAG_CHECKS = './dev test tests/dags -m "not slow" -n 0'
 TENSORBOARD = ".venv/bin/tensorboard --logdir var/store/models/digits-mlp/versions --port 6006"
 # Run elsewhere: ./dev test is CI itself; ./dev airflow is the system journey, ./dev stack
-# the deployment tests' stack (tests/deploy).
-ELSEWHERE = {"./dev test", "./dev airflow", "./dev stack"}
+# the deployment tests' stack (tests/deploy), ./dev images the image tests' fixture
+# (tests/deploy/images/conftest.py).
+ELSEWHERE = {"./dev test", "./dev airflow", "./dev stack", "./dev images"}
 
 
 def night_by_night() -> list[str]:
