@@ -212,6 +212,12 @@ def _run_steps(args: argparse.Namespace, cfg: RunConfig, staged: Any) -> int:
                 print(f"error: {result.reason}", file=sys.stderr)
                 return result.returncode
             print(json.dumps({"trained": result.trained}))
+        elif cluster.current():
+            # A worker of a cluster (a pod of the Kubernetes Job): trains and prints its
+            # final weights digest as a local launcher's worker does.
+            from training.launch.worker import train_reporting
+
+            print(json.dumps({"trained": train_reporting(cfg, staged).to_dict()}))
         else:
             from training.train.fit import train
 

@@ -12,6 +12,10 @@ writes the run directory) and then prints, for the launcher to read:
 
 With ``--report-dir`` it also writes ``worker-<index>.json`` there (digest and
 per-epoch logs), so a person or a test can compare the workers epoch by epoch.
+
+``train_reporting`` (train with the ``WeightsReport``, print the digest) is also what
+``python -m training train`` runs as a worker of a cluster (``TF_CONFIG`` set: a pod of
+the Kubernetes Job), so every worker, however started, prints its digest the same way.
 """
 
 from __future__ import annotations
@@ -21,11 +25,16 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from training.config import RunConfig
 from training.entry import run_command
 from training.errors import ConfigError
 from training.train import cluster
+
+if TYPE_CHECKING:
+    from training.data.staging import StagedDataset
+    from training.train.fit import TrainResult
 
 DIGEST_MARK = "final weights digest sha256:"
 TRAINED_PREFIX = '{"trained"'  # the line that carries the TrainResult
@@ -36,18 +45,21 @@ def report_path(report_dir: str | Path, index: int) -> Path:
     return Path(report_dir) / f"worker-{index}.json"
 
 
-def work(config: str, staged: str, report_dir: str | None) -> int:
-    """Train this worker's part; print the digest and the result for the launcher."""
-    from training.data.staging import StagedDataset
+def train_reporting(cfg: RunConfig, staged: StagedDataset,
+                    report_dir: str | Path | None = None) -> TrainResult:
+    """Train this worker's part of a multi-worker run (``TF_CONFIG`` set) with a
+    ``WeightsReport``; print ``DIGEST_MARK`` and the final weights digest.
+
+    Nothing is printed when the run was already trained (nothing ran). With
+    ``report_dir`` the report is also written to ``report_path(report_dir, index)``.
+    """
     from training.train import compat, fit
     from training.train.callbacks.weights_report import WeightsReport
 
     tf_config = cluster.current()
     if not tf_config:
-        raise ConfigError("the worker entry needs TF_CONFIG; start it with "
-                          "training.launch.local.run()")
-    cfg = RunConfig.from_file(config)
-    dataset = StagedDataset.read(staged)
+        raise ConfigError("a worker of a multi-worker run needs TF_CONFIG; start it with "
+                          "training.launch.local.run() or in a pod of the Kubernetes Job")
     index = cluster.task_index(tf_config)
     report = WeightsReport(None if report_dir is None else report_path(report_dir, index),
                            index=index)
@@ -55,9 +67,18 @@ def work(config: str, staged: str, report_dir: str | None) -> int:
     # strategy is in multi-worker mode, so installing them first is safe (and
     # compat.apply(strategy) inside fit.train, when present, is then a no-op).
     compat.enable()
-    result = fit.train(cfg, dataset, extra_callbacks=[report])
+    result = fit.train(cfg, staged, extra_callbacks=[report])
     if report.digest is not None:  # None: the run was already trained, nothing ran
         print(f"{DIGEST_MARK}{report.digest}", flush=True)
+    return result
+
+
+def work(config: str, staged: str, report_dir: str | None) -> int:
+    """Train this worker's part; print the digest and the result for the launcher."""
+    from training.data.staging import StagedDataset
+
+    result = train_reporting(RunConfig.from_file(config), StagedDataset.read(staged),
+                             report_dir)
     print(json.dumps({"trained": result.to_dict()}), flush=True)
     return 0
 

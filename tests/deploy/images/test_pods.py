@@ -1,0 +1,174 @@
+"""The Kubernetes Job's pods, as rendered, trained for real in the project's image.
+
+Why it exists: the unit tests check the rendered objects against the API schemas and the
+launch runs against a fake API, but nothing else runs what a pod runs. Here
+``tests/support/pods.py`` plays the cluster for ``render(cfg, options, staged)``'s
+ConfigMap, headless Service and Indexed Job: each pod is a container of the built
+training image with the pod's command, env and mounts, named and resolvable as the
+Service names it. Two such pods train the offline ``digits`` dataset, staged on the
+shared volume, under MultiWorkerMirroredStrategy with the ``TF_CONFIG`` the ``exec``
+wrapper derives from ``JOB_COMPLETION_INDEX``: they end with the same weights, the ones
+the chief saved. A pod killed mid-run fails the Job, naming it; the retried Job (same run
+id, so the same names) resumes from the backup on the shared volume.
+
+No assertion is about time: exit codes, what the pods printed and what is on the shared
+volume say what happened.
+"""
+
+from __future__ import annotations
+
+import ast
+import ipaddress
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from support.output import tail
+from support.pods import JobPods, JobResult
+
+from training.config import DatasetConfig, RunConfig
+from training.launch.kubernetes import KubernetesOptions, job_name, render
+from training.launch.worker import DIGEST_MARK
+
+CLAIM = "training-shared"
+DIGEST = re.compile(re.escape(DIGEST_MARK) + r"([0-9a-f]{64})")
+EPOCH = re.compile(r"^Epoch (\d+)/\d+$", re.MULTILINE)
+# What TensorFlow logs when it builds the strategy from the TF_CONFIG it was given.
+CLUSTER = re.compile(r"MultiWorkerMirroredStrategy with cluster_spec = (\{.*?\}), "
+                     r"task_type = 'worker', task_id = (\d+)")
+
+
+
+@dataclass
+class Shared:
+    """The shared volume's host directory, the staged dataset on it and the run's objects."""
+
+    root: Path
+    cfg: RunConfig
+    objects: list[dict]
+
+    @property
+    def run_dir(self) -> Path:
+        return self.cfg.run_dir()
+
+
+def _shared(tmp_path: Path, image: str, run_id: str) -> Shared:
+    """digits staged on the host into the directory the pods mount as the shared claim."""
+    from training.data import staging
+
+    root = tmp_path / "shared"
+    staged = staging.stage(DatasetConfig(staging_dir=os.fspath(root / "datasets")))
+    cfg = RunConfig.from_flat({
+        "run_id": run_id, "staging_dir": staged.staging_dir,
+        "output_dir": os.fspath(root / "runs"), "workers": 2, "strategy": "multi_worker",
+        "epochs": 3, "batch_size": 32, "backup_interval_s": 0,
+    })
+    (root / "runs").mkdir()
+    for path in [root, *root.rglob("*")]:  # the image's user (uid 50000) writes here
+        path.chmod(0o777 if path.is_dir() else 0o666)
+    options = KubernetesOptions(image=image, image_pull_policy="Never",
+                                shared_volume_claim=CLAIM)
+    return Shared(root, cfg, render(cfg, options, staged.to_dict()))
+
+
+def _story(result: JobResult) -> str:
+    return "\n".join([result.reason, *(f"--- {p.name} (exit {p.exit_code}) ---\n"
+                                       f"{tail(p.log)}" for p in result.pods)])
+
+
+def _digests(result: JobResult) -> list[str]:
+    return [m[1] for p in result.pods for m in [DIGEST.search(p.log)] if m]
+
+
+def _model_digest(run_dir: Path) -> str:
+    import keras
+
+    from training.train.callbacks.weights_report import weights_digest
+
+    model = keras.saving.load_model(run_dir / "model" / "model.keras", safe_mode=True)
+    return weights_digest(model)
+
+
+@pytest.mark.slow
+def test_two_pods_train_in_lockstep_on_the_shared_volume(tmp_path, images):
+    shared = _shared(tmp_path, images.training, "pods-lockstep")
+    job = job_name(shared.cfg.run_id)
+    with JobPods(images, shared.objects, claims={CLAIM: shared.root},
+                 workdir=tmp_path) as pods:
+        # Nothing hands the pods a TF_CONFIG: each derives its own in the exec wrapper.
+        assert all("TF_CONFIG" not in dict(p.env) for p in pods.pods)
+        assert [p.dns_name for p in pods.pods] == [
+            f"{job}-{i}.{job}.default.svc" for i in range(2)]
+        result = pods.run()
+        subnet = ipaddress.ip_network(pods.subnet)
+    assert result.succeeded, _story(result)
+    assert result.exit_codes == {f"{job}-0": 0, f"{job}-1": 0}
+    # Each pod's TF_CONFIG, as its wrapper derived it: the Service's two DNS names, and
+    # its own completion index as its task.
+    hosts = [f"{job}-{i}.{job}.default.svc:2222" for i in range(2)]
+    for pod in result.pods:
+        found = CLUSTER.search(pod.log)
+        assert found, _story(result)
+        assert ast.literal_eval(found[1]) == {"worker": hosts}
+        assert int(found[2]) == pod.index
+    # Two hosts, two addresses on the Job's network.
+    addresses = [p.address for p in result.pods]
+    assert len(set(addresses)) == 2 and all(ipaddress.ip_address(a) in subnet
+                                            for a in addresses), addresses
+
+    # Both pods ended with the same weights (all-reduced), and the chief saved them.
+    digests = _digests(result)
+    assert len(digests) == 2 and digests[0] == digests[1], _story(result)
+    assert _model_digest(shared.run_dir) == digests[0]
+    run = json.loads((shared.run_dir / "model" / "run.json").read_text())
+    assert run["strategy"]["kind"] == "multi_worker"
+    assert run["strategy"]["replicas_in_sync"] == 2  # one CPU per pod: the two pods
+    assert run["strategy"]["global_batch_size"] == 64
+    losses = json.loads((shared.run_dir / "model" / "history.json").read_text()
+                        )["metrics"]["loss"]
+    assert len(losses) == 3 and losses[-1] < losses[0]  # it learned
+    for pod in result.pods:
+        assert [int(e) for e in EPOCH.findall(pod.log)] == [1, 2, 3], _story(result)
+    # Only the chief wrote to the shared volume: one run directory, its own.
+    assert [p.name for p in (shared.root / "runs").iterdir()] == [shared.run_dir.name]
+
+
+@pytest.mark.slow
+def test_a_killed_pod_fails_the_job_and_the_retried_job_resumes(tmp_path, images):
+    shared = _shared(tmp_path, images.training, "pods-resume")
+    job = job_name(shared.cfg.run_id)
+    metadata = shared.run_dir / "backup" / "training_metadata.json"
+    with JobPods(images, shared.objects, claims={CLAIM: shared.root},
+                 workdir=tmp_path) as pods:
+        killed: list[int] = []
+
+        def on_line(index: int, line: str) -> None:
+            # The chief prints an epoch's summary after BackupAndRestore saved that epoch.
+            if index == 0 and " - loss: " in line and not killed:
+                pods.kill(1)
+                killed.append(1)
+
+        failed = pods.run(on_line=on_line)
+        assert killed, _story(failed)
+        assert not failed.succeeded and failed.failed_pod == f"{job}-1", _story(failed)
+        assert failed.reason.startswith(f"pod {job}-1 (worker 1) failed: exit code 137")
+        assert failed.exit_codes[f"{job}-1"] == 137
+        assert failed.exit_codes[f"{job}-0"] != 0  # stopped, or its collective aborted
+        assert not (shared.run_dir / "model" / "model.keras").exists()
+        assert metadata.exists(), _story(failed)
+        saved_epoch = json.loads(metadata.read_text())["epoch"]
+        assert 1 <= saved_epoch < shared.cfg.fit.epochs
+
+        # The retried Job: same run id, same names, the old pods replaced.
+        result = pods.run()
+    assert result.succeeded, _story(result)
+    resumed = list(range(saved_epoch + 1, shared.cfg.fit.epochs + 1))
+    for pod in result.pods:  # both resumed from the chief's backup, in step
+        assert [int(e) for e in EPOCH.findall(pod.log)] == resumed, _story(result)
+    digests = _digests(result)
+    assert len(digests) == 2 and digests[0] == digests[1], _story(result)
+    assert _model_digest(shared.run_dir) == digests[0]
+    assert not (shared.run_dir / "backup").exists()
