@@ -50,6 +50,8 @@ UV_WHEEL_SHA256 = "e18a57b8b352eb7c8feb317b9f6f533c8f0ad9673fd6cf34bbe3cf1a9f6a8
 # Python versions the lock's markers are evaluated at: Debian bookworm's 3.11.2 and the
 # official image's 3.11.x need different files (async-timeout below 3.11.3, soupsieve).
 PYTHON_VERSIONS = ("3.11.2", "3.11.14")
+# The machine's Python, with pip and the uv that ./dev installed (.venv has neither).
+HOST_PYTHON = shutil.which("python3") or "python3"
 
 
 @dataclass(frozen=True)
@@ -97,11 +99,6 @@ def bootstrap_base(engine: DockerEngine, include: Sequence[str] = PYTHON_PACKAGE
     return tag
 
 
-def _host_python() -> list[str]:
-    """The machine's Python, with pip and the uv that ./dev installed (.venv has neither)."""
-    return [shutil.which("python3") or "python3"]
-
-
 def _lock_id() -> str:
     return hashlib.sha256((ROOT / "uv.lock").read_bytes()
                           + (ROOT / "pyproject.toml").read_bytes()).hexdigest()[:16]
@@ -113,8 +110,8 @@ def _requirements() -> list[str]:
     from packaging.markers import Marker, default_environment
 
     exported = subprocess.run(
-        [*_host_python(), "-m", "uv", "export", "--frozen", "--no-dev", "--no-emit-project", "--extra", "airflow",
-         "--format", "requirements.txt", "--quiet"],
+        [HOST_PYTHON, "-m", "uv", "export", "--frozen", "--no-dev", "--no-emit-project",
+         "--extra", "airflow", "--format", "requirements.txt", "--quiet"],
         cwd=ROOT, check=True, capture_output=True, text=True).stdout
     lines, current = [], ""
     for raw in exported.splitlines():
@@ -161,7 +158,7 @@ def wheelhouse() -> Path:
                 reqs.flush()
                 # Every file exactly as locked (an sdist stays an sdist: its hash is the
                 # lock's; the build makes the wheel).
-                subprocess.run([*_host_python(), "-m", "pip", "download", "--quiet",
+                subprocess.run([HOST_PYTHON, "-m", "pip", "download", "--quiet",
                                 "--no-deps", "--require-hashes", "--dest", str(target),
                                 "-r", reqs.name], check=True,
                                env={**os.environ, "PIP_CONFIG_FILE": os.devnull,

@@ -1,16 +1,19 @@
 """docker/: what can be checked without a Docker engine.
 
-The compose file parses and wires the stack as documented; every image is pinned or
-built from a Dockerfile in the repository; every COPY source exists and survives the
-Dockerfile's .dockerignore; each image's entrypoint runs (this machine's .venv python
+Why: a mistake in the compose file or the Dockerfile otherwise shows only when a stack
+or a build runs (tests/deploy/), minutes later. The compose file parses and wires the
+stack as documented; every image is pinned, or built from docker/Dockerfile's targets
+with the tags ``./dev images`` gives them; every COPY and bind-mount source exists and
+survives the .dockerignore; the training entrypoint runs (this machine's .venv python
 standing in for the image's interpreter); the Airflow services' commands parse with
-Airflow's own CLI; the GPU worker listens on the queue the routing policy uses; no
-secret is written into the compose file.
+Airflow's own CLI and the admin's password reaches SimpleAuthManager; no healthcheck
+needs a tool the images lack; the GPU worker listens on the queue the routing policy
+uses; no secret is written into the compose file. The local override
+(docker/compose.local.yaml, docker/local/) and the compose tool's lock are checked too.
 """
 
 from __future__ import annotations
 
-import fnmatch
 import glob
 import json
 import os
@@ -18,16 +21,33 @@ import re
 import shlex
 import subprocess
 import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from support.dockerfiles import (
+    DOCKER,
+    REFERENCE,
+    ROOT,
+    MissingVariable,
+    arg_default,
+    copy_sources,
+    dockerignore,
+    env_example,
+    environment,
+    exec_form,
+    ignored,
+    interpolate,
+    pinned,
+    stage,
+    stages,
+    walk_strings,
+)
 
-ROOT = Path(__file__).resolve().parents[2]
-DOCKER = ROOT / "docker"
 COMPOSE = DOCKER / "compose.yaml"
-DOCKERFILES = sorted(DOCKER.glob("*.Dockerfile"))
+DOCKERFILE = DOCKER / "Dockerfile"
+LOCAL_COMPOSE = DOCKER / "compose.local.yaml"
+LOCAL_DOCKERFILE = DOCKER / "local" / "Dockerfile"
 AIRFLOW_SERVICES = {"airflow-init", "airflow-apiserver", "airflow-scheduler",
                     "airflow-dag-processor", "airflow-triggerer", "airflow-worker",
                     "airflow-worker-gpu"}
@@ -36,53 +56,6 @@ DEPLOYMENT_SETTINGS = {"TRAINING_DATA_DIR", "TRAINING_STAGING_DIR", "TRAINING_OU
                        "TRAINING_STORE_URI", "TRAINING_AWS_CONN_ID", "TRAINING_SCHEDULE",
                        "TRAINING_GPU_QUEUE"}
 SECRET_NAME = re.compile(r"PASSWORD|SECRET|_KEY$|TOKEN|_AUTH$|ACCESS_KEY|FERNET", re.I)
-_REF = re.compile(r"\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?:(?P<op>:?[-?])(?P<arg>[^}]*))?\}")
-
-
-# ------------------------------------------------------------------ compose helpers
-
-
-class MissingVariable(Exception):
-    pass
-
-
-def interpolate(value: str, env: dict[str, str]) -> str:
-    """Compose's interpolation: ${VAR}, ${VAR:-default}, ${VAR-default}, ${VAR:?err},
-    ${VAR?err}; ``$$`` is a literal ``$``."""
-
-    def one(match: re.Match[str]) -> str:
-        name, op, arg = match["name"], match["op"], match["arg"]
-        present, val = name in env, env.get(name, "")
-        if op == ":-":
-            return val if val else arg
-        if op == "-":
-            return val if present else arg
-        if op in (":?", "?") and (not present or (op == ":?" and not val)):
-            raise MissingVariable(f"{name}: {arg}")
-        return val
-
-    parts = value.split("$$")
-    return "$".join(_REF.sub(one, part) for part in parts)
-
-
-def walk_strings(node: Any, path: str = ""):
-    if isinstance(node, dict):
-        for key, value in node.items():
-            yield from walk_strings(value, f"{path}.{key}" if path else str(key))
-    elif isinstance(node, list):
-        for i, value in enumerate(node):
-            yield from walk_strings(value, f"{path}[{i}]")
-    elif isinstance(node, str):
-        yield path, node
-
-
-def env_example() -> dict[str, str]:
-    values = {}
-    for line in (DOCKER / ".env.example").read_text().splitlines():
-        if line.strip() and not line.lstrip().startswith("#"):
-            key, _, value = line.partition("=")
-            values[key.strip()] = value.strip()
-    return values
 
 
 @pytest.fixture(scope="module")
@@ -93,104 +66,6 @@ def compose() -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def services(compose) -> dict[str, Any]:
     return compose["services"]
-
-
-def environment(service: dict[str, Any]) -> dict[str, str]:
-    env = service.get("environment") or {}
-    if isinstance(env, list):
-        env = dict(item.split("=", 1) for item in env)
-    return {k: str(v) for k, v in env.items()}
-
-
-# --------------------------------------------------------------- Dockerfile helpers
-
-
-def instructions(dockerfile: Path) -> list[tuple[str, str]]:
-    """(INSTRUCTION, arguments) with continuation lines joined and comments dropped."""
-    result, current = [], ""
-    for raw in dockerfile.read_text().splitlines():
-        line = raw.strip()
-        if not current and (not line or line.startswith("#")):
-            continue
-        if current and line.startswith("#"):
-            continue
-        if line.endswith("\\"):
-            current += line[:-1] + " "
-            continue
-        current += line
-        keyword, _, rest = current.strip().partition(" ")
-        result.append((keyword.upper(), rest.strip()))
-        current = ""
-    return result
-
-
-def exec_form(args: str) -> list[str]:
-    return json.loads(args) if args.startswith("[") else shlex.split(args)
-
-
-def from_images(dockerfile: Path) -> list[tuple[str, str | None]]:
-    """(image reference with ARG defaults substituted, stage name) for every FROM."""
-    args: dict[str, str] = {}
-    stages: list[tuple[str, str | None]] = []
-    for keyword, rest in instructions(dockerfile):
-        if keyword == "ARG" and not stages:
-            name, _, default = rest.partition("=")
-            args[name.strip()] = default.strip().strip('"')
-        elif keyword == "FROM":
-            words = [w for w in rest.split() if not w.startswith("--platform")]
-            image = interpolate(words[0], args)
-            alias = words[2] if len(words) == 3 and words[1].upper() == "AS" else None
-            stages.append((image, alias))
-    return stages
-
-
-def pinned(image: str) -> bool:
-    """A digest, or a tag that is neither empty nor ``latest``."""
-    if "@sha256:" in image:
-        return True
-    name = image.rsplit("/", 1)[-1]
-    if ":" not in name:
-        return False
-    tag = name.split(":", 1)[1]
-    return bool(tag) and tag != "latest" and "$" not in tag
-
-
-def copy_sources(dockerfile: Path) -> list[str]:
-    sources = []
-    for keyword, rest in instructions(dockerfile):
-        if keyword not in ("COPY", "ADD"):
-            continue
-        words = exec_form(rest) if rest.startswith("[") else rest.split()
-        flags = [w for w in words if w.startswith("--")]
-        if any(f.startswith("--from=") for f in flags) or any("<<" in w for w in words):
-            continue  # from another stage or a heredoc: nothing from the context
-        paths = [w for w in words if not w.startswith("--")]
-        assert len(paths) >= 2, f"{dockerfile.name}: {keyword} {rest!r} needs src and dest"
-        sources.extend(paths[:-1])
-    return sources
-
-
-def ignored(path: str, patterns: list[str]) -> bool:
-    """Whether .dockerignore ``patterns`` exclude ``path`` (last matching rule wins)."""
-    parts = path.strip("/").split("/")
-    prefixes = ["/".join(parts[:i]) for i in range(1, len(parts) + 1)]
-    verdict = False
-    for pattern in patterns:
-        negate = pattern.startswith("!")
-        pat = pattern[1:] if negate else pattern
-        pat = pat.strip("/")
-        if any(fnmatch.fnmatch(p, pat) or fnmatch.fnmatch(p, pat.replace("**/", ""))
-               for p in prefixes):
-            verdict = not negate
-    return verdict
-
-
-def dockerignore(dockerfile: Path) -> list[str]:
-    path = dockerfile.with_name(dockerfile.name + ".dockerignore")
-    if not path.exists():
-        return []
-    return [line.strip() for line in path.read_text().splitlines()
-            if line.strip() and not line.startswith("#")]
 
 
 # ----------------------------------------------------------------------- the tests
@@ -205,6 +80,8 @@ def test_compose_has_the_stack(services):
     assert commands["airflow-triggerer"] == "triggerer"
     assert commands["airflow-worker"].startswith("celery worker")
     assert commands["airflow-worker-gpu"].startswith("celery worker")
+    # No entrypoint script in the image does it: airflow-init migrates, itself.
+    assert "airflow db migrate\n" in commands["airflow-init"][0]
     for name in AIRFLOW_SERVICES:
         env = environment(services[name])
         assert env["AIRFLOW__CORE__EXECUTOR"] == "CeleryExecutor", name
@@ -216,6 +93,20 @@ def test_compose_has_the_stack(services):
     assert services["seaweedfs"]["depends_on"]["seaweedfs-config"]["condition"] == (
         "service_completed_successfully")
     assert '"Write:$$BUCKET"' in services["seaweedfs-config"]["command"][0]
+    # The UI on 127.0.0.1 unless docker/.env says otherwise; nothing else published.
+    assert services["airflow-apiserver"]["ports"] == [
+        "${AIRFLOW_BIND_ADDRESS:-127.0.0.1}:${AIRFLOW_PORT:-8080}:8080"]
+    assert [n for n, s in services.items() if "ports" in s] == ["airflow-apiserver"]
+
+
+def test_compose_keeps_to_what_compose_v1_accepts(compose):
+    """docker-compose 1.29 (what tests/deploy/images/test_compose.py runs) refuses these."""
+    assert set(compose) - {"services", "volumes", "networks"} == {"x-airflow-env", "x-airflow"}
+    # (A `!reset` tag would already have failed yaml.safe_load.) Docker 25's start_interval:
+    for name, service in compose["services"].items():
+        assert set(service.get("healthcheck", {})) <= {
+            "test", "interval", "timeout", "retries", "start_period"}, name
+    assert env_example()["COMPOSE_PROJECT_NAME"] == "keras-training"  # instead of name:
 
 
 def test_the_shared_data_volume_is_mounted_at_the_same_path_in_every_airflow_service(
@@ -246,81 +137,95 @@ def test_the_store_is_seaweedfs_over_s3_through_the_aws_default_connection(servi
     assert interpolate(init["BUCKET"], example) == example["TRAINING_BUCKET"]
 
 
-def test_every_image_is_pinned_or_built_from_a_dockerfile_here(services):
+def test_images_are_pinned_or_built_from_the_dockerfile_as_dev_images_tags_them(services):
+    from training import __version__
+
+    targets = [alias for _, alias, _ in stages(DOCKERFILE)]
     for name, service in services.items():
-        image = service.get("image", "")
-        if "build" in service:
-            build = service["build"]
-            context = (DOCKER / build["context"]).resolve()
-            assert context == ROOT, f"{name}: build context must be the repository root"
-            assert (context / build["dockerfile"]).is_file(), name
-            stages = [alias for _, alias in from_images(context / build["dockerfile"])]
-            assert build.get("target") in stages, (name, build.get("target"), stages)
-        assert image and pinned(image), f"{name}: image {image!r} is not pinned"
-    for dockerfile in DOCKERFILES:
-        seen_stages: set[str] = set()
-        for image, alias in from_images(dockerfile):
-            assert image in seen_stages or pinned(image), f"{dockerfile.name}: FROM {image}"
-            if alias:
-                seen_stages.add(alias)
+        assert pinned(service["image"]), f"{name}: image {service['image']!r} is not pinned"
+        if "build" not in service:
+            continue
+        build = service["build"]
+        assert (DOCKER / build["context"]).resolve() == ROOT, name
+        assert (ROOT / build["dockerfile"]).resolve() == DOCKERFILE, name
+        assert build["target"] == "airflow" and "airflow" in targets, name
+        accelerator = build["args"]["ACCELERATOR"]
+        assert f"{accelerator})" in DOCKERFILE.read_text(), name  # a branch of its case
+        # tools/images.py's tag for that target and accelerator
+        assert service["image"] == f"airflow-keras-training-airflow:{__version__}-{accelerator}"
+    for image, alias, _ in stages(DOCKERFILE):
+        assert image in targets or pinned(image), f"FROM {image} AS {alias}"
 
 
-def test_base_images_are_the_documented_ones():
-    bases = {d.name: from_images(d)[0][0] for d in DOCKERFILES}
-    assert bases == {
-        "airflow.Dockerfile": "apache/airflow:3.3.2-python3.11",
-        "training-gpu.Dockerfile": "tensorflow/tensorflow:2.21.0-gpu",
-        "training-tpu.Dockerfile": "python:3.11.14-slim-bookworm",
-    }
+def test_the_dockerfile_targets_and_build_arguments():
+    assert [alias for _, alias, _ in stages(DOCKERFILE)] == [
+        "locked", "accelerated", "training", "airflow"]
+    assert stages(DOCKERFILE)[0][0] == "python:3.11.14-slim-bookworm"  # BASE_IMAGE
+    assert arg_default(DOCKERFILE, "ACCELERATOR") == "gpu"
+    assert arg_default(DOCKERFILE, "OFFLINE") == "false"
+    text = DOCKERFILE.read_text()
+    for branch in ("cpu)", "gpu)", "tpu)", "*) echo \"ACCELERATOR must be cpu, gpu or tpu"):
+        assert branch in text, branch
+    # OFFLINE: no index at all, only the wheelhouse (every stage that installs).
+    assert text.count('if [ "$OFFLINE" = true ]; then export') == 3
 
 
-@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
-def test_copy_sources_exist_and_are_not_dockerignored(dockerfile):
-    sources = copy_sources(dockerfile)
-    assert {"pyproject.toml", "uv.lock", "training/", "plugins/"} <= set(sources)
-    patterns = dockerignore(dockerfile)
+def test_copy_sources_exist_and_are_not_dockerignored():
+    sources = copy_sources(DOCKERFILE)
+    assert {"pyproject.toml", "uv.lock", "training/", "plugins/", "dags/",
+            "docker/wheelhouse"} <= set(sources)
+    patterns = dockerignore(DOCKERFILE)
     for source in sources:
-        assert glob.glob(os.fspath(ROOT / source)), f"{dockerfile.name}: {source} missing"
-        assert not ignored(source, patterns), f"{dockerfile.name}: {source} is dockerignored"
+        assert glob.glob(os.fspath(ROOT / source)), f"{source} missing"
+        assert not ignored(source, patterns), f"{source} is dockerignored"
     assert ignored(".venv/bin/python", patterns) and ignored("var/runs", patterns)
 
 
-@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
-def test_images_install_from_the_lock_and_drop_root(dockerfile):
-    text = dockerfile.read_text()
+@pytest.mark.parametrize("target", ["training", "airflow"])
+def test_images_install_from_the_lock_and_drop_root(target):
+    text = DOCKERFILE.read_text()
     assert "uv export --frozen --no-dev" in text
     assert '"uv==${UV_VERSION}"' in text and "ARG UV_VERSION=0.13.8" in text
-    assert "pip check" in text
-    users = [rest for keyword, rest in instructions(dockerfile) if keyword == "USER"]
-    assert users and users[-1] not in ("root", "0"), f"{dockerfile.name} runs as root"
+    body = stage(DOCKERFILE, target)
+    assert any("pip check" in rest for keyword, rest in body if keyword == "RUN"), target
+    users = [rest for keyword, rest in body if keyword == "USER"]
+    assert users and users[-1] == "50000", f"{target} runs as {users[-1:] or 'root'}"
 
 
-def test_training_entrypoints_run():
-    """ENTRYPOINT + CMD of each training image, with this machine's python standing in."""
-    ran = []
-    for dockerfile in DOCKERFILES:
-        parts = dict(instructions(dockerfile))
-        if "ENTRYPOINT" not in parts:
+def test_entrypoints():
+    """The training target's ENTRYPOINT + CMD run, this machine's python standing in."""
+    training = dict(stage(DOCKERFILE, "training"))
+    entry, cmd = exec_form(training["ENTRYPOINT"]), exec_form(training["CMD"])
+    assert entry == ["python", "-m", "training"] and cmd == ["--help"]
+    result = subprocess.run([sys.executable, *entry[1:], *cmd], capture_output=True,
+                            text=True, timeout=120, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "usage:" in result.stdout
+    assert exec_form(dict(stage(DOCKERFILE, "airflow"))["ENTRYPOINT"]) == ["airflow"]
+
+
+def test_healthchecks_use_only_what_the_images_have(services):
+    """No curl in the images: HTTP checks are python's urllib, which must compile."""
+    have = {"python", "airflow", "celery", "pg_isready", "redis-cli", "wget"}
+    for name, service in services.items():
+        test = service["healthcheck"]["test"] if "healthcheck" in service else None
+        if test is None:
+            assert name in ("seaweedfs-config", "airflow-init"), f"{name}: no healthcheck"
             continue
-        entry = exec_form(parts["ENTRYPOINT"])
-        cmd = exec_form(parts.get("CMD", "[]")) or ["--help"]
-        assert entry[0] in ("python", "python3"), entry
-        result = subprocess.run([sys.executable, *entry[1:], *cmd], capture_output=True,
-                                text=True, timeout=120, cwd=ROOT)
-        assert result.returncode == 0, (dockerfile.name, result.stderr[-2000:])
-        assert "usage:" in result.stdout
-        ran.append(dockerfile.name)
-    assert sorted(ran) == ["training-gpu.Dockerfile", "training-tpu.Dockerfile"]
+        words = test[1:] if test[0] == "CMD" else shlex.split(test[1].replace("$$", "$"))
+        assert words[0] in have, (name, words[0])
+        if words[:2] == ["python", "-c"]:
+            compile(words[2], name, "exec")
 
 
 def test_no_secret_is_written_into_the_compose_file(compose):
     for path, value in walk_strings(compose):
         key = path.rsplit(".", 1)[-1]
-        if SECRET_NAME.search(key) or key.endswith("ROOT_USER"):
-            stripped = _REF.sub("", value)
+        if (SECRET_NAME.search(key) or key.endswith("ROOT_USER")) and not key.endswith("_FILE"):
+            stripped = REFERENCE.sub("", value)
             assert not stripped.strip(), f"{path} holds a literal value: {value!r}"
         for _user, password in re.findall(r"://([^:@/\s]*):([^@\s]*)@", value):
-            assert _REF.fullmatch(password), f"{path}: a password in a URL: {value!r}"
+            assert REFERENCE.fullmatch(password), f"{path}: a password in a URL: {value!r}"
     conn = compose["x-airflow-env"]["AIRFLOW_CONN_AWS_DEFAULT"]
     for field in ("login", "password"):
         assert re.search(rf'"{field}": "\$\{{[A-Z_]+:\?[^}}]*\}}"', conn), field
@@ -328,7 +233,7 @@ def test_no_secret_is_written_into_the_compose_file(compose):
 
 def test_env_example_names_every_required_variable_with_placeholders(compose):
     required = {m["name"] for _, value in walk_strings(compose)
-                for m in _REF.finditer(value) if m["op"] in (":?", "?")}
+                for m in REFERENCE.finditer(value) if m["op"] in (":?", "?")}
     example = env_example()
     assert required <= set(example), required - set(example)
     for name, value in example.items():
@@ -343,7 +248,7 @@ def test_gpu_worker_listens_on_the_routing_policy_queue_and_has_the_gpus(service
     worker = services["airflow-worker-gpu"]
     devices = worker["deploy"]["resources"]["reservations"]["devices"]
     assert devices == [{"driver": "nvidia", "count": "all", "capabilities": ["gpu"]}]
-    assert worker["build"]["target"] == "airflow-gpu"
+    assert worker["build"]["args"]["ACCELERATOR"] == "gpu"
     for env in ({}, {"TRAINING_GPU_QUEUE": "a100"}):
         command = shlex.split(interpolate(worker["command"], env))
         queue = command[command.index("--queues") + 1]
@@ -352,17 +257,33 @@ def test_gpu_worker_listens_on_the_routing_policy_queue_and_has_the_gpus(service
     default = shlex.split(services["airflow-worker"]["command"])
     assert default[default.index("--queues") + 1] == "default"
     assert "deploy" not in services["airflow-worker"]
+    assert services["airflow-worker"]["build"]["args"]["ACCELERATOR"] == "cpu"
 
 
-def test_airflow_commands_connection_and_settings_with_airflow_itself(services, tmp_path):
-    """One Airflow process: the commands parse, the queue and connection resolve."""
+def test_airflow_commands_connection_settings_and_login_with_airflow_itself(services,
+                                                                             tmp_path):
+    """One Airflow process: the commands parse, the queue and connection resolve, and the
+    passwords file airflow-init writes gives SimpleAuthManager's admin docker/.env's
+    password."""
     example = env_example()
     worker_env = {k: interpolate(v, example)
                   for k, v in environment(services["airflow-worker-gpu"]).items()}
+    script = services["airflow-init"]["command"][0].splitlines()
     commands = [shlex.split(services[name]["command"]) for name in sorted(AIRFLOW_SERVICES)
-                if not services[name]["command"].startswith("celery")]
+                if name != "airflow-init" and not services[name]["command"].startswith("celery")]
+    commands += [shlex.split(line)[1:] for line in script if line.startswith("airflow ")]
+    passwords_file = worker_env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE"]
+    for name in ("airflow-init", "airflow-apiserver"):
+        assert f"airflow-auth:{os.path.dirname(passwords_file)}" in services[name]["volumes"]
+    write = next(line for line in script if line.endswith(f"> {passwords_file}"))
+    init_env = {k: interpolate(v, example)
+                for k, v in environment(services["airflow-init"]).items()}
+    written = tmp_path / "passwords.json"
+    subprocess.run(["sh", "-euc", write.replace("python", sys.executable, 1)
+                    .replace(passwords_file, os.fspath(written))], env=init_env, check=True)
     probe = f"""
 import json, os
+from airflow.api_fastapi.auth.managers.simple.simple_auth_manager import SimpleAuthManager
 from airflow.cli.cli_parser import get_parser
 from airflow.configuration import conf
 from airflow.models.connection import Connection
@@ -378,17 +299,21 @@ print(json.dumps({{
     "conn": [conn.conn_id, conn.conn_type, conn.login, conn.extra_dejson],
     "settings": deployment_settings(env),
     "gpu_queue": queue_for("gpu"),
+    "users": [[u.username, u.role] for u in SimpleAuthManager.get_users()],
+    "passwords": SimpleAuthManager.get_passwords(),
 }}))
 """
     run_env = {**os.environ, "PROBE_ENV": json.dumps(worker_env),
-               "AIRFLOW_HOME": os.fspath(tmp_path)}
+               "AIRFLOW_HOME": os.fspath(tmp_path),
+               **{k: v for k, v in worker_env.items() if "AUTH_MANAGER" in k},
+               "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": os.fspath(written)}
     run_env.pop("TRAINING_GPU_QUEUE", None)
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                             timeout=180, env=run_env, cwd=ROOT)
     assert result.returncode == 0, result.stderr[-3000:]
     out = json.loads(result.stdout.strip().splitlines()[-1])
-    assert out["parsed"] == ["api_server", "dag_processor", "version", "scheduler",
-                             "triggerer"]
+    assert out["parsed"] == ["api_server", "dag_processor", "scheduler", "triggerer",
+                             "migratedb"]
     assert out["default_queue"] == "default"
     assert out["gpu_queue"] == "gpu"
     conn_id, conn_type, login, extra = out["conn"]
@@ -397,14 +322,20 @@ print(json.dumps({{
     assert out["settings"] == {"staging_dir": "/opt/airflow/training/datasets",
                                "output_dir": "/opt/airflow/training/runs",
                                "store_uri": "s3://models/registry"}
+    assert out["users"] == [[example["AIRFLOW_ADMIN_USER"], "admin"]]
+    assert out["passwords"] == {example["AIRFLOW_ADMIN_USER"]: example["AIRFLOW_ADMIN_PASSWORD"]}
 
 
-def test_dev_stack_passes_airflow_the_settings_compose_passes(compose, tmp_path):
+def test_dev_stack_passes_airflow_the_settings_compose_passes(compose, tmp_path, monkeypatch):
     """``./dev stack`` is the compose stack as processes: every setting it gives Airflow
     (but the paths of one machine's checkout) is one the compose file sets too, and the
-    secrets' names are the ``.env`` file's."""
+    secrets' names are the ``.env`` file's. (Its servers' binaries need not be here.)"""
+    import tools.seaweedfs
+    import tools.services
     from tools.stack import SECRETS, ProductionStack
 
+    for module in (tools.services, tools.seaweedfs):
+        monkeypatch.setattr(module, "find_binary", lambda name, *globs, package: name)
     stack = ProductionStack(tmp_path, {}, 18080, None)
     local_paths = {"AIRFLOW_HOME", "AIRFLOW__CORE__DAGS_FOLDER", "AIRFLOW__CORE__PLUGINS_FOLDER"}
     assert set(stack.defaults()) - local_paths <= set(compose["x-airflow-env"])
@@ -412,3 +343,51 @@ def test_dev_stack_passes_airflow_the_settings_compose_passes(compose, tmp_path)
     connection = json.loads(stack.defaults()["AIRFLOW_CONN_AWS_DEFAULT"])
     assert connection["login"] == stack.secrets["STORE_ACCESS_KEY"]
     assert stack.secrets["S3_ADMIN_SECRET_KEY"] not in json.dumps(stack.env)
+
+
+def test_the_local_override_swaps_in_local_images_and_leaves_the_gpu_worker_out(services):
+    """docker/compose.local.yaml (what tests/deploy/images/test_compose.py runs): documented at
+    its top, images that tests/support/compose.py builds from docker/local/Dockerfile, an
+    explicit subnet, the GPU worker behind a profile."""
+    from support.compose import LOCAL_IMAGES
+
+    text = LOCAL_COMPOSE.read_text()
+    assert text.startswith("# docker/compose.yaml on a machine that cannot pull")
+    local = yaml.safe_load(text)
+    assert set(local["services"]) <= set(services)
+    targets = {alias for _, alias, _ in stages(LOCAL_DOCKERFILE)}
+    assert set(LOCAL_IMAGES) == targets == {"postgres", "redis", "seaweedfs"}
+    third_party = {"postgres": "postgres", "redis": "redis", "seaweedfs": "seaweedfs",
+                   "seaweedfs-config": "seaweedfs"}
+    for name, target in third_party.items():
+        assert local["services"][name]["image"] == LOCAL_IMAGES[target], name
+    for name in AIRFLOW_SERVICES:
+        assert interpolate(local["services"][name]["image"], {}) == services[
+            "airflow-worker"]["image"], name
+    assert local["services"]["airflow-worker-gpu"]["profiles"] == ["gpu"]
+    subnet = local["networks"]["default"]["ipam"]["config"][0]["subnet"]
+    assert interpolate(subnet, {}) == "10.214.0.0/24"
+    assert local["services"]["seaweedfs"]["ports"] == ["127.0.0.1:${S3_PORT:-8333}:8333"]
+
+
+def test_the_local_images_run_as_users_with_their_entrypoints():
+    for _, alias, body in stages(LOCAL_DOCKERFILE):
+        users = [rest for keyword, rest in body if keyword == "USER"]
+        assert users and users[-1] not in ("root", "0"), alias
+    for source in copy_sources(LOCAL_DOCKERFILE):
+        assert source == "weed" or (LOCAL_DOCKERFILE.parent / source).is_file(), source
+    script = LOCAL_DOCKERFILE.parent / "postgres-entrypoint.sh"
+    assert os.access(script, os.X_OK)
+    subprocess.run(["sh", "-n", os.fspath(script)], check=True)
+    assert arg_default(LOCAL_DOCKERFILE, "BASE_IMAGE") is None  # the tests' base, always
+
+
+def test_the_compose_tool_lock_pins_every_file_by_hash():
+    lock = (ROOT / "tools" / "compose-requirements.txt").read_text()
+    assert lock.startswith("# docker-compose 1.29.2")
+    pins = dict(re.findall(r"^([A-Za-z0-9_.-]+)==(\S+) \\$", lock, re.M))
+    assert pins["docker-compose"] == "1.29.2"
+    assert (pins["pyyaml"], pins["requests"], pins["urllib3"], pins["docker"]) == (
+        "6.0.2", "2.31.0", "1.26.20", "6.1.3")
+    blocks = re.split(r"^(?=[A-Za-z0-9_.-]+==)", lock, flags=re.M)[1:]
+    assert len(blocks) == len(pins) and all("--hash=sha256:" in b for b in blocks)
