@@ -146,9 +146,14 @@ def _batches(lines: list[str]) -> list[list[str]]:
     return batches
 
 
+def cached_wheelhouse() -> Path:
+    """Where the lock's files for the images are kept (complete once ``.complete`` is)."""
+    return CACHE / "wheelhouse" / _lock_id()
+
+
 def wheelhouse() -> Path:
     """The lock's files for the images, fetched once per lock; linked into the context."""
-    target = CACHE / "wheelhouse" / _lock_id()
+    target = cached_wheelhouse()
     if not (target / ".complete").exists():
         target.mkdir(parents=True, exist_ok=True)
         print(f"fetching the lock's wheels into {target} ...", file=sys.stderr)

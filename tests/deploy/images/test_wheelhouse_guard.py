@@ -10,7 +10,7 @@ import shutil
 
 import pytest
 
-from tools.images import DOCKERFILE, ROOT, WHEELHOUSE
+from tools.images import DOCKERFILE, ROOT, cached_wheelhouse
 
 
 @pytest.mark.slow
@@ -22,8 +22,12 @@ def test_a_tampered_wheel_in_the_wheelhouse_fails_the_build(images, tmp_path):
     shutil.copy2(DOCKERFILE, context / "docker" / "Dockerfile")
     shutil.copy2(DOCKERFILE.with_name("Dockerfile.dockerignore"),
                  context / "docker" / "Dockerfile.dockerignore")
-    victim = next(WHEELHOUSE.glob("six-*.whl"))
-    for wheel in WHEELHOUSE.iterdir():
+    wheels = cached_wheelhouse()  # what ./dev images fetched and checked in the fixture
+    assert (wheels / ".complete").exists()
+    victim = next(wheels.glob("six-*.whl"))
+    for wheel in wheels.iterdir():
+        if wheel.name == ".complete":
+            continue
         target = context / "docker" / "wheelhouse" / wheel.name
         if wheel == victim:  # a copy with one byte more: same name, other content
             target.write_bytes(wheel.read_bytes() + b"\0")
