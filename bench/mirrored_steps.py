@@ -4,7 +4,7 @@ The product's ``train`` (``training.train.fit``) with ``strategy=mirrored`` over
 ``/cpu:0`` and ``/cpu:1`` (this process's CPU split in two logical devices), mlp at
 MNIST shape (``bench/training_speed.py``'s generated 54,000 training images, staged as
 tfds shards), batch 64 per replica: ``steps_per_execution`` 0 (automatic: 10, which
-needs ``training/train/compat_steps.py`` under this strategy) against 1, alternating,
+needs ``training/train/keras_patches/steps_in_cond.py`` under this strategy) against 1, alternating,
 ``--reps`` times. Examples/s of the median steady-state epoch (epoch 2 on), wall and
 per CPU-second, validation included.
 

@@ -6,7 +6,7 @@ For each configuration, 2 worker processes of this script (``--worker``) run on 
 machine, each with a ``TF_CONFIG`` naming both on free 127.0.0.1 ports
 (``training.train.cluster.build``), and build their strategy with the product's
 ``training.train.strategy.resolve`` (a MultiWorkerMirroredStrategy over loopback gRPC)
-and the Keras 3 compatibility layer, as ``training.launch.worker`` does. Each worker:
+and the Keras 3 patches, as ``training.launch.worker`` does. Each worker:
 
 1. **all-reduce time**: a ``tf.function`` running ``strategy.run`` of
    ``ReplicaContext.all_reduce(SUM, grads)``, the call Keras's optimizer makes, on
@@ -93,19 +93,19 @@ def worker(args: argparse.Namespace) -> None:
     from tensorflow.python.distribute import cross_device_utils
 
     from training.config import RunConfig
-    from training.train import cluster, compat, models
+    from training.train import cluster, keras_patches, models
     from training.train import strategy as st
 
     all_reduce, pack_mb, timeout = CONFIGS[args.config]
     multi = cluster.workers(cluster.current()) > 1
     if multi:
-        compat.enable()  # as training.launch.worker does, before the strategy exists
+        keras_patches.enable()  # as training.launch.worker does, before the strategy exists
     cfg = RunConfig.from_flat({"model": args.model, "batch_size": args.batch,
                                "all_reduce": all_reduce, "gradient_pack_mb": pack_mb,
                                "collective_timeout_s": timeout})
     resolved = st.resolve(cfg)
     strategy = resolved.strategy
-    compat.apply(strategy)
+    keras_patches.install_for(strategy)
     options = getattr(strategy.extended, "_communication_options", None)
     result: dict = {"kind": resolved.kind, "replicas": resolved.replicas,
                     "options": str(options), "sets": {}}

@@ -139,7 +139,7 @@ def test_mirrored_strategy_over_two_cpu_devices_trains(staged_digits, tmp_path):
 
 def test_mirrored_steps_per_execution_10_trains_exactly_as_1(staged_digits, tmp_path):
     """Keras 3.15 fails under MirroredStrategy with more than 1 step per execution
-    ("You must feed a value for placeholder tensor"); ``compat_steps.py`` fixes its
+    ("You must feed a value for placeholder tensor"); ``keras_patches/steps_in_cond.py`` fixes its
     loop. 17 steps an epoch: one execution of 10, one of 7."""
     import keras
 

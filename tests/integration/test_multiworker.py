@@ -282,7 +282,7 @@ def test_without_the_compat_layer_keras_fails_as_upstream_reports(
     assert result.returncode != 0, (
         f"keras {keras.__version__} trained under MultiWorkerMirroredStrategy with "
         f"TRAINING_KERAS_COMPAT={switch}: the upstream bug (keras-team/keras#20585) looks "
-        f"fixed; check training.train.compat.needed() and retire the patch"
+        f"fixed; check training.train.keras_patches.needed() and retire the patch"
     )
     assert upstream_error in out, tail(out)
     assert not (cfg.run_dir() / "model" / "model.keras").exists()

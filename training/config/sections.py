@@ -121,7 +121,8 @@ class FitConfig(Section):
     steps_per_execution: int = setting(
         0, "Batches run per tf.function call (Keras steps_per_execution); 0 is auto: 10, "
         "1 on TPU (not tried there). Under MirroredStrategy and multi-worker, Keras 3.15 "
-        "needs training/train/compat_steps.py for more than 1 (installed automatically).",
+        "needs training/train/keras_patches/steps_in_cond.py for more than 1 (installed "
+        "automatically).",
         key="steps_per_execution", minimum=0, maximum=10_000,
     )
     seed: int = setting(

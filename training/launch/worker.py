@@ -2,7 +2,7 @@
 
 ``training.launch.local.run`` starts one of these per worker, with ``TF_CONFIG`` naming
 the cluster and this worker's index (``training.train.cluster``). The worker applies the
-Keras 3 multi-worker compatibility layer (``training.train.compat``), trains with
+Keras 3 multi-worker patches (``training.train.keras_patches``), trains with
 ``fit.train`` (which builds the MultiWorkerMirroredStrategy; worker 0, the chief, alone
 writes the run directory) and then prints, for the launcher to read:
 
@@ -53,7 +53,7 @@ def train_reporting(cfg: RunConfig, staged: StagedDataset,
     Nothing is printed when the run was already trained (nothing ran). With
     ``report_dir`` the report is also written to ``report_path(report_dir, index)``.
     """
-    from training.train import compat, fit
+    from training.train import fit, keras_patches
     from training.train.callbacks.weights_report import WeightsReport
 
     tf_config = cluster.current()
@@ -65,8 +65,8 @@ def train_reporting(cfg: RunConfig, staged: StagedDataset,
                            index=index)
     # fit.train builds the MultiWorkerMirroredStrategy; the patches only act once the
     # strategy is in multi-worker mode, so installing them first is safe (and
-    # compat.apply(strategy) inside fit.train, when present, is then a no-op).
-    compat.enable()
+    # keras_patches.install_for(strategy) inside fit.train then adds only the rest).
+    keras_patches.enable()
     result = fit.train(cfg, staged, extra_callbacks=[report])
     if report.digest is not None:  # None: the run was already trained, nothing ran
         print(f"{DIGEST_MARK}{report.digest}", flush=True)

@@ -38,7 +38,7 @@ from training.data.staging import StagedDataset
 from training.errors import ConfigError
 from training.layout import TRAINED, model_dir
 from training.locks import claim_run
-from training.train import compat, models
+from training.train import keras_patches, models
 from training.train.export import export
 from training.train.models import pretrained
 from training.train.strategy import precision_policy, resolve, steps_per_execution
@@ -215,7 +215,7 @@ def _train(cfg: RunConfig, staged: StagedDataset, resolved: Any,
     from training.train.callbacks.backup import ResumableBackup
     from training.train.preemption import stop_on_sigterm
 
-    compat.apply(resolved.strategy)  # Keras 3 under more than one replica; else no-op
+    keras_patches.install_for(resolved.strategy)  # more than one replica; else none
     # ``auto`` depends on the strategy found (bfloat16 on TPU); set before the model.
     keras.mixed_precision.set_global_policy(
         precision_policy(cfg.runtime.mixed_precision, resolved.kind))
@@ -263,7 +263,7 @@ def _train(cfg: RunConfig, staged: StagedDataset, resolved: Any,
              cfg.fit.epochs)
     # SIGTERM: a backup at the end of the current batch, then exit 143; not under several
     # workers, where one worker cannot save for all (training.train.preemption).
-    with stop_on_sigterm(backup, enabled=not compat.is_multi_worker(resolved.strategy)):
+    with stop_on_sigterm(backup, enabled=not keras_patches.is_multi_worker(resolved.strategy)):
         model.fit(train_ds, validation_data=val_ds, epochs=cfg.fit.epochs,
                   callbacks=callbacks, verbose=2,
                   shuffle=False)  # the tf.data pipeline shuffles, seeded

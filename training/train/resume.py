@@ -155,7 +155,7 @@ def broadcast(strategy: Any, state: dict[str, Any] | None, best: list[Any] | Non
     """Every worker gets the chief's state and best weights (two or three all-reduces,
     run by every worker in step). ``weights_like()``: arrays shaped as the best weights,
     for a worker that has none."""
-    from training.train.compat import broadcast_from_replica_0
+    from training.train.keras_patches.backup_restore_sync import broadcast_from_replica_0
 
     blob = json.dumps(state).encode() if state is not None else b""
     (size,) = broadcast_from_replica_0(strategy, [np.int64(len(blob))])

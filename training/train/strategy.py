@@ -243,8 +243,8 @@ def _one_device(runtime: RuntimeConfig, device: str) -> Any:
 
 def steps_per_execution(requested: int, kind: str) -> int:
     """Keras steps_per_execution: as asked, or for ``0`` (auto) 10, but 1 on TPU. Under
-    MirroredStrategy and multi-worker, more than 1 needs ``compat_steps.py`` (Keras 3.15
-    / TF 2.21 fail without it); on TPU it has not been tried."""
+    MirroredStrategy and multi-worker, more than 1 needs ``keras_patches/steps_in_cond.py``
+    (Keras 3.15 / TF 2.21 fail without it); on TPU it has not been tried."""
     if requested:
         return requested
     return 1 if kind == "tpu" else 10

@@ -15,7 +15,7 @@ then on the History and progress-bar callbacks it appends itself.
   ``on_train_begin`` sets ``wait = 0, best = None``; ReduceLROnPlateau's does the same).
   Only then does ``ResumableBackup`` load the backup (Keras's own
   ``BackupAndRestore.on_train_begin``: weights, optimizer, epoch; under several workers
-  the ``backup_restore_sync`` patch of ``training.train.compat`` broadcasts the chief's) and
+  the ``backup_restore_sync`` patch of ``training.train.keras_patches`` broadcasts the chief's) and
   write the saved counters, best values, best weights and learning rate back into those
   callbacks. Nothing the others do in ``on_train_begin`` needs the restored weights, so
   loading last is safe; ``model.fit`` reads the restored epoch after every
@@ -58,7 +58,7 @@ import numpy as np
 
 from training import files
 from training.errors import ConfigError, Preempted, shown
-from training.train import compat, resume
+from training.train import keras_patches, resume
 from training.train.resume import BEST_WEIGHTS_FILE, METADATA_FILE, STATE_FILE, WEIGHTS_FILE
 
 log = logging.getLogger(__name__)
@@ -187,10 +187,10 @@ class ResumableBackup(keras.callbacks.BackupAndRestore):
         best = None
         if state is not None and state["callbacks"]["early_stopping"]["best_weights"]:
             best = self._load_best_weights()  # before Keras loads the latest weights
-        super().on_train_begin(logs)  # weights, optimizer, epoch (compat: the chief's)
+        super().on_train_begin(logs)  # weights, optimizer, epoch (keras_patches: the chief's)
         epoch = int(getattr(self.model, "_initial_epoch", None) or 0)
         strategy = getattr(self.model, "_distribute_strategy", None)
-        if strategy is not None and compat.is_multi_worker(strategy):
+        if strategy is not None and keras_patches.is_multi_worker(strategy):
             state, best = resume.broadcast(strategy, state, best, self.model.get_weights)
         if state is None:
             if epoch:

@@ -1,4 +1,5 @@
-"""Keras 3 ``steps_per_execution > 1`` under MirroredStrategy and MultiWorkerMirroredStrategy.
+"""``spe_collectives_in_cond``: Keras 3's ``steps_per_execution > 1`` loop under MirroredStrategy
+and MultiWorkerMirroredStrategy.
 
 ``multi_step_on_iterator`` failure
     With tensorflow 2.21 / keras 3.15, ``model.fit(...)`` compiled with
@@ -38,64 +39,58 @@
     is Keras 3.15.1's code.
 
 Applied only to models compiled under a tf.distribute strategy with more than one replica
-and not run eagerly: anything else goes to Keras's own ``_make_function``. ``needed()``
+and not run eagerly: anything else goes to Keras's own ``_make_function``. ``probe()``
 traces the installed Keras's loop (no data, no devices, ~0.1 s) with a stand-in step that
 holds a call-time capture and reports the unfed placeholder it leaves. Tracing v2 control
 flow initialises the TensorFlow runtime, so call it once the strategy exists, never before
 MultiWorkerMirroredStrategy is created. ``needed_end_to_end()`` runs a real 2-device
 MirroredStrategy fit, unpatched, in a fresh interpreter (~30 s).
 
-``compat.apply(strategy)`` installs it for every strategy with more than one replica
-except TPUStrategy (not tried on a TPU: ``strategy.steps_per_execution`` keeps 1 there),
-unless ``TRAINING_KERAS_COMPAT`` is ``off`` or names it after ``without:``;
-``tests/unit/test_compat.py`` fails, naming it, once ``needed()`` says Keras no longer
-needs it. Verified here: with it, 2 epochs at 10, 4, 16 and 3 (2 unrolled) steps per
-execution end with bit-identical weights, logs and evaluation to 1 step, under
+``keras_patches.install_for(strategy)`` installs it for every strategy with more than
+one replica except TPUStrategy (not tried on a TPU: ``strategy.steps_per_execution``
+keeps 1 there), unless ``TRAINING_KERAS_COMPAT`` is ``off`` or names it after
+``without:``; ``tests/unit/test_keras_patches.py`` fails, naming it, once ``probe()``
+says Keras no longer needs it. Verified here: with it, 2 epochs at 10, 4, 16 and 3 (2
+unrolled) steps per execution end with bit-identical weights, logs and evaluation to 1
+step, under
 MirroredStrategy over 2 CPU devices and an in-process 2-device MultiWorkerMirroredStrategy.
 
-Why a module of its own, of about 300 lines: the replacement mirrors Keras's function
-whole (it cannot be patched in part), and its probes belong next to it.
+Why a module of about 300 lines: the replacement mirrors Keras's function whole (it
+cannot be patched in part), and its probes belong next to it.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from training.train.keras_patches.patch import REPLICATED, Patch, original, trainer_module
+
 NAME = "spe_collectives_in_cond"
 ISSUE = ("keras multi_step_on_iterator calls the step tf.function inside tf.cond; cond_v2 "
          "drops call-time captures (collective instance keys); loop from keras-team/keras#20396")
 
-_original_make_function: Any = None
+
+def _target() -> tuple[Any, str]:
+    return trainer_module().TensorFlowTrainer, "_make_function"
 
 
-def _trainer_module() -> Any:
-    from keras.src.backend.tensorflow import trainer
-
-    return trainer
-
-
-def _original() -> Any:
-    trainer = _trainer_module()
-    return _original_make_function or trainer.TensorFlowTrainer._make_function
-
-
-def _make_function(self: Any, step_function: Any) -> Any:
+def make_function(self: Any, step_function: Any) -> Any:
     # Mirrors TensorFlowTrainer._make_function (keras 3.15.1) except multi_step_on_iterator.
     # One replica (no strategy, OneDevice, a 1-device MWMS worker): no collectives, no
     # call-time captures, Keras's own loop works.
     strategy = self._distribute_strategy
     if strategy is None or self.run_eagerly or strategy.num_replicas_in_sync == 1:
-        return _original()(self, step_function)
+        return original(*_target())(self, step_function)
 
     import tensorflow as tf
 
-    trainer = _trainer_module()
+    trainer = trainer_module()
 
     @tf.autograph.experimental.do_not_convert
     def one_step_on_data_py(data):
         """Runs a single training step on a batch of data."""
         outputs = self.distribute_strategy.run(step_function, args=(data,))
-        # Looked up at call time: picks up a patched reduce_per_replica (compat.py).
+        # Looked up at call time: picks up a patched reduce_per_replica.
         outputs = trainer.reduce_per_replica(
             outputs, self.distribute_strategy, reduction="auto")
         return outputs
@@ -195,7 +190,7 @@ def _unfed_placeholders(make_function: Any) -> list[str]:
     import tensorflow as tf
     from tensorflow.python.framework import ops
 
-    trainer = _trainer_module()
+    trainer = trainer_module()
 
     class _TwoReplicas:  # what _make_function may ask of the model's own strategy
         num_replicas_in_sync = 2
@@ -226,18 +221,10 @@ def _unfed_placeholders(make_function: Any) -> list[str]:
             for node in fdef.node_def if node.op == "Placeholder"]
 
 
-def needed() -> str | None:
-    """Evidence that the installed Keras still fails (a string), or None when it doesn't.
-
-    Runs the unpatched ``TensorFlowTrainer._make_function``. A probe that cannot run
-    (Keras moved the code) counts as needed, with the error."""
-    import tensorflow as tf
-
-    try:
-        with tf.Graph().as_default():
-            unfed = _unfed_placeholders(_original())
-    except Exception as exc:  # noqa: BLE001 - any failure means: check by hand
-        return f"probe failed ({type(exc).__name__}: {exc}); check by hand"
+def probe() -> str | None:
+    """Evidence that the installed Keras still fails (a string), or None when it doesn't:
+    the unpatched ``TensorFlowTrainer._make_function`` traced around a stand-in step."""
+    unfed = _unfed_placeholders(original(*_target()))
     if unfed:
         return (f"TensorFlowTrainer._make_function leaves {len(unfed)} call-time capture(s) "
                 f"unfed inside its steps_per_execution loop ({', '.join(unfed)}) [{ISSUE}]")
@@ -281,27 +268,5 @@ def needed_end_to_end(python: str | None = None, timeout: float = 300) -> str | 
     return None if lines[-1] == "WORKS" else lines[-1]
 
 
-# --- apply / remove ----------------------------------------------------------------------
-
-def apply() -> bool:
-    """Install the replacement (idempotent); False when already installed."""
-    global _original_make_function
-    if _original_make_function is not None:
-        return False
-    trainer = _trainer_module()
-    _original_make_function = trainer.TensorFlowTrainer._make_function
-    trainer.TensorFlowTrainer._make_function = _make_function
-    return True
-
-
-def installed() -> bool:
-    return _original_make_function is not None
-
-
-def remove() -> None:
-    global _original_make_function
-    if _original_make_function is None:
-        return
-    _trainer_module().TensorFlowTrainer._make_function = _original_make_function
-    _original_make_function = None
-
+PATCH = Patch(NAME, ISSUE, REPLICATED, _target, make_function, probe,
+              probe_after_strategy=True)
