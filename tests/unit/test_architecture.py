@@ -1,5 +1,5 @@
 """The layout keeps its promises: no import circles, no Airflow in the library, short
-modules (or a reason at the top of a long one)."""
+modules (or a reason at the top of a long one), none over 400 lines."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = {"training": ROOT / "training", "training_airflow": ROOT / "plugins/training_airflow",
             "tools": ROOT / "tools"}
 LONG = 300
+MAX_LINES = 400  # the house rule: one idea per module, none longer than this
 
 
 def _modules() -> dict[str, Path]:
@@ -86,3 +87,12 @@ def test_a_long_module_says_at_its_top_why():
             assert "lines" in doc and ("why" in doc.lower() or "on purpose" in doc), (
                 f"{path.relative_to(ROOT)} has {len(lines)} lines: split it, or say at its "
                 "top why it is one idea")
+
+
+def test_no_module_is_over_400_lines():
+    """The product, its plugin, the local tooling and the DAG files."""
+    paths = [*_modules().values(), *(ROOT / "dags").glob("*.py"),
+             *(ROOT / "plugins").rglob("*.py")]
+    over = {str(p.relative_to(ROOT)): n for p in set(paths)
+            if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert not over, f"split these modules (over {MAX_LINES} lines): {over}"
