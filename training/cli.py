@@ -72,7 +72,7 @@ def _help(spec: FieldSpec) -> str:
 
 
 def markdown_table() -> str:
-    """The configuration reference as a Markdown table (pasted into the README)."""
+    """The configuration reference as a Markdown table (pasted into docs/configuration.md)."""
     rows = ["| key (`--flag`) | section.field | type | default | allowed | description |",
             "|---|---|---|---|---|---|"]
     for s in flat_fields():
@@ -128,7 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
     schema = sub.add_parser("schema", help="Print the config's JSON Schema.", allow_abbrev=False)
     schema.add_argument("--flat", action="store_true", help="flat keys, as the trigger form")
     schema.add_argument("--markdown", action="store_true",
-                        help="the README's configuration reference table")
+                        help="the configuration reference table of docs/configuration.md")
     return parser
 
 

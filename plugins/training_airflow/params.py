@@ -211,7 +211,7 @@ def config_for(context: Mapping[str, Any]) -> RunConfig:
 
 
 def form_markdown() -> str:
-    """The trigger form as a Markdown table, by section (pasted into the README)."""
+    """The trigger form as a Markdown table, by section (pasted into docs/airflow.md)."""
     rows = ["| section | field (conf key) | type | default | allowed |", "|---|---|---|---|---|"]
     for spec in sorted(form_fields(), key=lambda s: list(SECTION_TITLES).index(s.section)):
         allowed = ("device names like /gpu:0 or /cpu:0, one per line in the form"

@@ -37,16 +37,19 @@ ELSEWHERE = {"./dev test", "./dev airflow", "./dev stack", "./dev images"}
 
 
 def night_by_night() -> list[str]:
-    """The lines of the README's night-by-night block, in order."""
-    section = (REPO / "README.md").read_text().split("#### Night by night", 1)[1]
+    """The lines of the night-by-night block (docs/datasets.md), in order."""
+    section = (REPO / "docs" / "datasets.md").read_text().split("### Night by night", 1)[1]
     block = re.search(r"```bash\n(.*?)```", section, re.S).group(1)
     return [line for line in block.splitlines() if line.strip()]
 
 
 def readme_commands() -> set[str]:
-    """Every command line in the README's bash blocks, without its comment."""
+    """Every command line in the bash blocks of the README and of docs/, without its
+    comment."""
     commands = set()
-    for block in re.findall(r"```bash\n(.*?)```", (REPO / "README.md").read_text(), re.S):
+    pages = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+    text = "\n".join(page.read_text() for page in pages)
+    for block in re.findall(r"```bash\n(.*?)```", text, re.S):
         for line in block.splitlines():
             line = line.split("  #")[0].strip()
             if line and not line.startswith("#"):

@@ -8,7 +8,7 @@ the rule in words (``says``). From that one declaration come
   value and what is allowed),
 * ``FieldSpec``, the flat view a CLI flag, a form Param or a README row needs,
 * ``allowed()``: the rule in words, the one renderer that error messages, CLI help,
-  the README tables and the form's formats use,
+  the reference tables (docs/) and the form's formats use,
 * ``property_schema()``: the rule as JSON Schema (the config's schema, the form).
 """
 
@@ -48,7 +48,7 @@ def allowed(rules: Mapping[str, Any], kind: str) -> str:
     """What a field allows, in words: ``between 1 and 1000``, ``one of 'a', 'b'``, ...
 
     ``rules`` are a field's rules (``FieldSpec.rules`` plus ``says``); ``kind`` its JSON
-    type. Errors, CLI help, the README tables and the trigger form all say it this way.
+    type. Errors, CLI help, the reference tables and the trigger form all say it this way.
     """
     if "enum" in rules:
         return "one of " + ", ".join(repr(v) for v in rules["enum"])
