@@ -304,7 +304,8 @@ def test_bad_inputs_end_in_one_error_line(case, staging_dir, tmp_path):
         args, expected = ["train", "--config", os.fspath(tmp_path / "c.json")], \
             "config is nested too deeply"
     elif case == "tpu":
-        args, expected = ["train", "--strategy", "tpu", "--tpu", "no-such-tpu", *common], \
+        args, expected = ["train", "--strategy", "tpu", "--tpu", "no-such-tpu",
+                          "--accelerator", "tpu", *common], \
             "runtime.strategy is 'tpu' but no TPU answered for runtime.tpu='no-such-tpu'"
     else:
         args, expected = ["train", "--epoch", "3", *common], "unrecognized arguments: --epoch"

@@ -84,22 +84,49 @@ def test_resolve_tpu_fails_clearly_when_no_tpu_answers():
     def no_tpu(name):
         raise ValueError(f"Could not find TPU {name}")
 
-    cfg = RunConfig.from_flat({"strategy": "tpu", "tpu": "my-tpu"})
+    cfg = RunConfig.from_flat({"strategy": "tpu", "tpu": "my-tpu", "accelerator": "tpu"})
     with pytest.raises(ConfigError, match="runtime.strategy is 'tpu' but no TPU answered for "
                                           "runtime.tpu='my-tpu'"):
         st.resolve(cfg, tpu_resolver=no_tpu)
 
 
-def test_resolve_auto_falls_back_when_the_named_tpu_does_not_answer():
+def test_a_named_tpu_that_does_not_answer_fails_under_auto_too():
+    """Asked for by name, a TPU is not silently replaced by this host's CPU."""
     asked = []
 
     def no_tpu(name):
         asked.append(name)
         raise ValueError("no TPU")
 
-    resolved = st.resolve(RunConfig.from_flat({"tpu": "my-tpu"}), tpu_resolver=no_tpu)
+    cfg = RunConfig.from_flat({"tpu": "my-tpu", "accelerator": "tpu"})
+    with pytest.raises(ConfigError, match=r"runtime.tpu names a TPU but no TPU answered for "
+                                          r"runtime.tpu='my-tpu': ValueError: no TPU"):
+        st.resolve(cfg, tpu_resolver=no_tpu)
     assert asked == ["my-tpu"]
-    assert resolved.kind == "one_device"
+
+
+def test_a_tpu_named_without_the_tpu_accelerator_is_refused_naming_both():
+    with pytest.raises(ConfigError, match=r"runtime.tpu names a TPU \('my-tpu'\) but "
+                                          r"runtime.accelerator is 'cpu': the TPU would be "
+                                          r"ignored"):
+        RunConfig.from_flat({"tpu": "my-tpu"})
+
+
+def test_multi_worker_for_one_worker_is_refused_naming_both():
+    with pytest.raises(ConfigError, match=r"runtime.strategy 'multi_worker' needs "
+                                          r"runtime.workers above 1, got runtime.workers=1"):
+        RunConfig.from_flat({"strategy": "multi_worker"})
+
+
+@pytest.mark.parametrize("tf_config", [None, '{"cluster": {"worker": ["localhost:1"]}, '
+                                              '"task": {"type": "worker", "index": 0}}'])
+def test_a_worker_of_a_cluster_without_its_tf_config_is_refused(tf_config, monkeypatch):
+    """A pod that lost its TF_CONFIG would train alone, as its own chief."""
+    monkeypatch.setattr(st.cluster, "current", lambda: tf_config)
+    cfg = RunConfig.from_flat({"strategy": "multi_worker", "workers": 2})
+    with pytest.raises(ConfigError, match=r"runtime.workers is 2 but this process is not a "
+                                          r"worker of a cluster \(TF_CONFIG is "):
+        st.resolve(cfg)
 
 
 def test_resolve_auto_does_not_probe_for_a_tpu_on_a_plain_host():
@@ -142,7 +169,7 @@ def fake_resolver(name):
         task_id=0, rpc_layer="grpc")
 
 try:
-    st.resolve(RunConfig.from_flat({"strategy": "auto", "tpu": "v5e-8"}),
+    st.resolve(RunConfig.from_flat({"strategy": "auto", "tpu": "v5e-8", "accelerator": "tpu"}),
                tpu_resolver=fake_resolver)
 except ConfigError as exc:
     print("ERROR", exc)
@@ -175,12 +202,19 @@ def test_all_reduce_and_gradient_pack_settings_refuse_bad_values():
         RunConfig.from_flat({"gradient_pack_mb": -1})
 
 
-def test_resolve_builds_multi_worker_with_the_configured_communication_options():
-    """A real MultiWorkerMirroredStrategy (no TF_CONFIG: TensorFlow's one-worker mode)
-    carries the timeout, implementation and pack size the config asks for."""
+TWO_WORKERS = ('{"cluster": {"worker": ["localhost:1", "localhost:2"]}, '
+               '"task": {"type": "worker", "index": 0}}')
+
+
+def test_resolve_builds_multi_worker_with_the_configured_communication_options(monkeypatch):
+    """A real MultiWorkerMirroredStrategy carries the timeout, implementation and pack size
+    the config asks for. The project's check sees a two-worker TF_CONFIG; TensorFlow's own
+    resolver reads the (unset) environment and builds its one-worker mode, so no server
+    starts in the test process."""
     import tensorflow as tf
 
-    cfg = RunConfig.from_flat({"strategy": "multi_worker", "all_reduce": "ring",
+    monkeypatch.setattr(st.cluster, "current", lambda: TWO_WORKERS)
+    cfg = RunConfig.from_flat({"strategy": "multi_worker", "workers": 2, "all_reduce": "ring",
                                "gradient_pack_mb": 4, "collective_timeout_s": 60})
     resolved = st.resolve(cfg)
     assert isinstance(resolved.strategy, tf.distribute.MultiWorkerMirroredStrategy)
@@ -193,12 +227,13 @@ def test_resolve_builds_multi_worker_with_the_configured_communication_options()
         0, None, "AUTO")
 
 
-def test_nccl_without_a_gpu_is_refused_when_the_strategy_is_built():
+def test_nccl_without_a_gpu_is_refused_when_the_strategy_is_built(monkeypatch):
     import tensorflow as tf
 
     if tf.config.list_physical_devices("GPU"):
         pytest.skip("this machine has a GPU: NCCL is allowed here")
-    cfg = RunConfig.from_flat({"strategy": "multi_worker", "all_reduce": "nccl"})
+    monkeypatch.setattr(st.cluster, "current", lambda: TWO_WORKERS)
+    cfg = RunConfig.from_flat({"strategy": "multi_worker", "workers": 2, "all_reduce": "nccl"})
     with pytest.raises(ConfigError, match=r"runtime.all_reduce is 'nccl', which needs a GPU on "
                                           r"every worker, but this worker sees none.*use "
                                           r"'auto' or 'ring' \(allowed: auto, ring, nccl\)"):

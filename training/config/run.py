@@ -54,6 +54,17 @@ def check_across(cfg: RunConfig) -> None:
             f"when runtime.workers is more than 1, got {runtime.strategy!r} with "
             f"runtime.workers={runtime.workers}: with {runtime.strategy!r} every worker "
             "would train alone")
+    # Settings that cannot take effect under the others: refused, naming both fields.
+    if runtime.strategy == "multi_worker" and runtime.workers == 1:
+        raise ConfigError(
+            "runtime.strategy 'multi_worker' needs runtime.workers above 1, got "
+            "runtime.workers=1: one worker would train alone as its own cluster; set "
+            "runtime.workers to the number of workers, or runtime.strategy to 'auto'")
+    if runtime.tpu and runtime.accelerator != "tpu":
+        raise ConfigError(
+            f"runtime.tpu names a TPU ({runtime.tpu!r}) but runtime.accelerator is "
+            f"{runtime.accelerator!r}: the TPU would be ignored; set runtime.accelerator "
+            "to 'tpu' to train on it, or leave runtime.tpu empty")
 
 
 def flat_fields() -> list[FieldSpec]:

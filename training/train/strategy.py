@@ -155,12 +155,20 @@ def resolve(
         try:
             resolver = tpu_resolver(runtime.tpu)
         except Exception as exc:  # ValueError, RuntimeError, URLError from the metadata server
-            if runtime.strategy == "tpu":
+            if runtime.strategy == "tpu" or runtime.tpu:  # asked for by name: no fallback
+                asked = ("runtime.strategy is 'tpu'" if runtime.strategy == "tpu"
+                         else "runtime.tpu names a TPU")
                 raise ConfigError(
-                    f"runtime.strategy is 'tpu' but no TPU answered for runtime.tpu="
-                    f"{runtime.tpu!r}: {type(exc).__name__}: {shown(exc)}"
+                    f"{asked} but no TPU answered for runtime.tpu={runtime.tpu!r}: "
+                    f"{type(exc).__name__}: {shown(exc)}"
                 ) from None
             log.info("no TPU answered (%s); looking for other devices", exc)
+    if runtime.workers > 1 and cluster.workers(tf_config) <= 1:
+        raise ConfigError(
+            f"runtime.workers is {runtime.workers} but this process is not a worker of a "
+            f"cluster (TF_CONFIG is {'unset' if not tf_config else 'a single worker'}): it "
+            "would train alone; start the workers with `python -m training train` (which "
+            "launches them here) or in the Kubernetes Job's pods, which set TF_CONFIG")
     gpu_names = [f"/gpu:{i}" for i in range(len(tf.config.list_physical_devices("GPU")))]
     # Listing devices starts TF's runtime, which must not happen before a multi-worker
     # strategy configures its collectives.
