@@ -67,6 +67,7 @@ REPORT_DIR = "report"
 REPORT_INDEX = "index.html"
 TENSORBOARD_DIR = "tensorboard"
 TRAINED = "trained.json"
+PRODUCED = "produced.json"  # beside model/: what each step wrote in it (produced.py)
 
 # --- the store ---------------------------------------------------------------------
 MODELS_PREFIX = "models/"

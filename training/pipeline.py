@@ -5,9 +5,13 @@ DAG call the same way. Inputs and outputs are small dicts and paths, never model
 so they travel through XCom. A step re-run for the same run gives the same result:
 
 * ``evaluate`` re-evaluates both models and rewrites ``evaluation.json``;
-* ``publish`` uploads the run's ``model/`` as version ``<run_id>``; identical bytes are a
-  no-op, so a retry completes an interrupted upload;
+* ``publish`` uploads what the steps recorded of the run's ``model/`` (``produced``) as
+  version ``<run_id>``; identical bytes are a no-op, so a retry completes an
+  interrupted upload;
 * ``promote`` is a no-op when the version is already in production.
+
+Just over 300 lines, on purpose until the steps get modules of their own: the three
+steps share the run directory's reading and the published evaluation.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from training import layout
+from training import layout, produced
 from training.config import RunConfig
 from training.data import staging
 from training.data.input import load_builder, make_dataset
@@ -102,6 +106,7 @@ def _evaluate(cfg: RunConfig, staged: StagedDataset, registry: ModelRegistry,
         # A re-run after publish: the version is immutable and its decision stands.
         log.info("%s %s is already published; its evaluation stands", name, cfg.run_id)
         (out / layout.EVALUATION).write_text(json.dumps(published, indent=2) + "\n")
+        produced.record(run_dir, "evaluate", produced.EVALUATE)
         return published
     if data_stats is not None:  # validate_data's, published with the version
         (out / layout.DATA_STATS).write_text(json.dumps(data_stats, indent=2) + "\n")
@@ -150,6 +155,7 @@ def _evaluate(cfg: RunConfig, staged: StagedDataset, registry: ModelRegistry,
     log.info("report: %s (published with the version as %s)", build_report(out),
              layout.version_key(name, cfg.run_id,
                                 f"{layout.REPORT_DIR}/{layout.REPORT_INDEX}"))
+    produced.record(run_dir, "evaluate", produced.EVALUATE)
     verdict = "promote" if decision.promote else "keep production"
     log.info("decision for %s %s: %s%s", name, cfg.run_id, verdict,
              " (forced)" if decision.forced else "")
@@ -226,7 +232,7 @@ def published_evaluation(cfg: RunConfig, registry: ModelRegistry,
 def publish(cfg: RunConfig, registry: ModelRegistry, *, created: str,
             source: dict[str, str] | None = None,
             run_dir: str | os.PathLike[str] | None = None) -> dict[str, Any]:
-    """Upload the run's model directory as version ``cfg.run_id``; return a small summary.
+    """Upload what the run's steps recorded (``produced``) as version ``cfg.run_id``.
 
     ``created`` comes from the caller (the Airflow run's date, or the time training
     started), never the clock at upload, so a retry writes the same manifest.
@@ -238,7 +244,8 @@ def publish(cfg: RunConfig, registry: ModelRegistry, *, created: str,
         metrics = {k: evaluation["challenger"][k] for k in ("accuracy", "loss", "macro_f1")}
         manifest = registry.publish(cfg.model_name, cfg.run_id, model_dir(run_dir),
                                     run_id=cfg.run_id, created=created, metrics=metrics,
-                                    source=source, max_bytes=cfg.storage.max_version_mb << 20)
+                                    source=source, max_bytes=cfg.storage.max_version_mb << 20,
+                                    only=produced.to_publish(run_dir))
     summary = {"model_name": cfg.model_name, "version": cfg.run_id,
                "store_uri": cfg.storage.store_uri, "files": len(manifest["files"]),
                "metrics": manifest["metrics"]}

@@ -1,12 +1,14 @@
 """evaluate -> publish -> promote on a real trained model, against a local store."""
 
 import json
+import logging
+import os
 import shutil
 from pathlib import Path
 
 import pytest
 
-from training import pipeline
+from training import pipeline, produced
 from training.errors import RegistryError
 from training.layout import model_dir
 
@@ -166,3 +168,37 @@ def test_promotion_checks_the_model_with_keras_unless_its_evaluation_ran_that_fi
     path.write_text(json.dumps(evaluation))
     pipeline.publish(run, registry, created=AT)
     assert _promote_in_a_fresh_process(run, tmp_path) == (True, True)  # Keras checked it
+
+
+def test_publish_uploads_what_the_steps_recorded_and_names_what_it_leaves_out(
+    trained_run, staged_digits, tmp_path, caplog
+):
+    cfg, result = trained_run
+    run = cfg.with_overrides({"run_id": "recorded", "store_uri": str(tmp_path / "store"),
+                              "min_accuracy": 0.5})
+    shutil.copytree(result.run_dir, run.run_dir())
+    registry = pipeline.open_registry(run)
+    pipeline.evaluate(run, staged_digits, registry)
+    out = model_dir(run.run_dir())
+    recorded = produced.read(run.run_dir())
+    assert {"model.keras", "saved_model/saved_model.pb", "trained.json"} <= set(
+        recorded["train"])
+    assert {"evaluation.json", "report/index.html"} <= set(recorded["evaluate"])
+
+    # A recorded file that is gone stops the publish before anything is uploaded.
+    (out / "history.json").rename(tmp_path / "history.json")
+    with pytest.raises(RegistryError, match=r"file\(s\) the steps recorded are gone from "
+                                            r".*: history.json; train the run again"):
+        pipeline.publish(run, registry, created=AT)
+    assert registry.store.list(f"models/{run.model_name}/") == []
+    (tmp_path / "history.json").rename(out / "history.json")
+
+    # A file nobody recorded (a 2 MiB download left in model/) is left out, named.
+    (out / "stray.bin").write_bytes(os.urandom(2 << 20))
+    with caplog.at_level(logging.WARNING, logger="training.produced"):
+        pipeline.publish(run, registry, created=AT)
+    manifest = registry.show(run.model_name, run.run_id)
+    paths = sorted(entry["path"] for entry in manifest["files"])
+    assert paths == sorted({f for files in recorded.values() for f in files})
+    assert "stray.bin" not in paths
+    assert "left out of the version, produced by no step: stray.bin (2.0 MiB)" in caplog.text

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -89,8 +90,12 @@ class ModelRegistry(ProductionPointer, ModelLoading):
         metrics: dict[str, Any] | None = None,
         source: dict[str, str] | None = None,
         max_bytes: int | None = None,
+        only: Sequence[str] | None = None,
     ) -> dict[str, Any]:
         """Upload ``local_dir`` as version ``version`` of model ``name``; return the manifest.
+
+        ``only``: the relative paths to upload (what the run's steps recorded); others
+        under ``local_dir`` are left out. None: every file.
 
         ``created`` is an ISO 8601 time from the caller (never the clock, so a retry
         writes the same manifest). ``source`` says what produced the version (for the
@@ -112,6 +117,8 @@ class ModelRegistry(ProductionPointer, ModelLoading):
             ) from None
         root = Path(local_dir)
         files = self._scan(root)
+        if only is not None:
+            files = [f for f in files if f["path"] in set(only)]
         total = sum(f["size"] for f in files)
         if max_bytes is not None and total > max_bytes:
             largest = ", ".join(f"{f['path']} {f['size'] / 2**20:.1f} MiB" for f in

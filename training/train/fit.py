@@ -11,7 +11,12 @@ TensorBoard events, ``trained.json`` last) and beside it the working state
 the last finished epoch with the callbacks where they were; SIGTERM writes a backup and
 exits 143 (``training.train.preemption``). ``backup/`` is removed once the model is
 saved. Only the chief writes these files; other workers of a multi-worker run write to a
-temporary directory that is removed.
+temporary directory that is removed. The chief records what it wrote in ``model/``
+(``training.produced``): publish uploads that and nothing else.
+
+Just over 300 lines on purpose: the callbacks, the strategy-scoped fit and the run
+directory it writes are one step; apart, the order of its files (the record, the
+marker last) would be split over modules.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from training import layout
+from training import layout, produced
 from training.config import FitConfig, RunConfig
 from training.data import staging
 from training.data.catalog import dataset_info
@@ -287,11 +292,13 @@ def _train(cfg: RunConfig, staged: StagedDataset, resolved: Any,
         stopped_epoch=es["stopped_epoch"],
     )
     if resolved.is_chief:  # written last: the run is trained
+        produced.record(run_dir, "train", produced.TRAIN)  # what publish uploads
         marker = out / TRAINED
         tmp = marker.with_suffix(".tmp")
         tmp.write_text(json.dumps({"config_fingerprint": cfg.fingerprint(),
                                    "result": result.to_dict()}, indent=2) + "\n")
         os.replace(tmp, marker)
+        produced.record(run_dir, "train", produced.TRAIN)  # with the marker, there now
     shutil.rmtree(run_dir / layout.BACKUP_DIR, ignore_errors=True)  # the model is saved: done
     if not resolved.is_chief:
         shutil.rmtree(run_dir, ignore_errors=True)
