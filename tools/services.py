@@ -29,7 +29,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from training_airflow.standalone import log_tail
+from tools.standalone import log_tail
 
 HOST = "127.0.0.1"
 

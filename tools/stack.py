@@ -42,8 +42,8 @@ from pathlib import Path
 
 from tools.seaweedfs import S3Identity, SeaweedFS
 from tools.services import PostgreSQL, Redis, Service, ServiceError
+from tools.standalone import Stack, component_env, login_password, wait_ready
 from training_airflow import preflight
-from training_airflow.standalone import Stack, component_env, login_password, wait_ready
 
 ROOT = Path(__file__).resolve().parents[1]
 SECRETS = ("POSTGRES_PASSWORD", "REDIS_PASSWORD", "S3_ADMIN_ACCESS_KEY",

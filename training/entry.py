@@ -15,12 +15,9 @@ import os
 import sys
 from collections.abc import Callable
 
-from training.errors import ConfigError, TrainingError, shown
+from training.errors import CONFIG_ERROR_EXIT, ERROR_EXIT, ConfigError, TrainingError, shown
 
 log = logging.getLogger("training")
-
-
-CONFIG_ERROR_EXIT = 2  # a bad configuration: no retry can fix it
 
 
 def run_command(command: Callable[[], int]) -> int:
@@ -37,7 +34,7 @@ def run_command(command: Callable[[], int]) -> int:
         return CONFIG_ERROR_EXIT
     except TrainingError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return ERROR_EXIT
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130
@@ -49,4 +46,4 @@ def run_command(command: Callable[[], int]) -> int:
             traceback.print_exc()
         print(f"error: unexpected {type(exc).__name__}: {shown(exc)} (set "
               "TRAINING_TRACEBACK=1 for the traceback)", file=sys.stderr)
-        return 1
+        return ERROR_EXIT

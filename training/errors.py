@@ -3,9 +3,14 @@
 Every message names what was received and what is allowed, in the style of the
 Keras callbacks: ``epochs must be between 1 and 1000, got 0``. One exception is not
 an error: ``Preempted``, the exit of a training stopped on a signal after its backup.
+The exit statuses a command line ends with, by kind of error, are here beside them
+(``training.entry.run_command`` applies them).
 """
 
 from typing import Any
+
+ERROR_EXIT = 1  # any other error: a retry may succeed
+CONFIG_ERROR_EXIT = 2  # a ConfigError (a bad configuration): no retry can fix it
 
 
 def shown(value: Any, limit: int = 200) -> str:

@@ -46,8 +46,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from training.entry import CONFIG_ERROR_EXIT
-from training.errors import LaunchError
+from training.errors import CONFIG_ERROR_EXIT, LaunchError
 from training_airflow.params import aws_conn_id
 
 

@@ -5,7 +5,7 @@ or failed: ``<run_dir>/airflow/<task_id>.json`` (``layout.AIRFLOW_RECORDS``), wi
 result (the XCom) or its reason, the DAG's graph (each task's downstream tasks: the
 states of tasks that never ran follow from it), its timing, and which of TensorFlow,
 tfds and Keras its process had loaded (none, by design: ``heavy_modules``). Nothing here
-imports Airflow, so ``python -m training_airflow.summary`` (the end of ``./dev demo``)
+imports Airflow, so ``python -m tools.summary`` (the end of ``./dev demo``)
 reads a run back in a fraction of a second instead of starting Airflow to query its
 database.
 

@@ -34,7 +34,7 @@ from typing import Any
 import pytest
 from support.fresh import artifacts_dir, new_user_env
 
-from training_airflow.standalone import descendants
+from tools.standalone import descendants
 
 __all__ = ["CHROMIUM", "DAG_ID", "USER", "DevAirflow", "artifacts_dir", "running", "save_logs"]
 

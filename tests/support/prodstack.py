@@ -23,7 +23,7 @@ from support.devstack import DAG_ID, DevAirflow, quote
 
 from tools.services import free_port_block
 from tools.stack import SPAN
-from training_airflow.standalone import descendants
+from tools.standalone import descendants
 
 MODEL = "digits-mlp"
 RUN_TIMEOUT_S = 600.0

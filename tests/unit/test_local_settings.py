@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from tools.standalone import component_env
 from training_airflow.preflight import PreflightError, check_database, masked
-from training_airflow.standalone import component_env
 
 
 def test_the_defaults_move_with_the_port():

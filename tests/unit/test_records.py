@@ -13,8 +13,8 @@ import sys
 from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 
+from tools.summary import latest_run_summary
 from training_airflow import records
-from training_airflow.summary import latest_run_summary
 
 GRAPH = {"stage_dataset": ["evaluate", "train", "validate_data"],
          "validate_data": ["evaluate", "train"], "train": ["evaluate"],
@@ -85,7 +85,7 @@ def test_the_summary_is_the_latest_run_of_the_dag_read_from_its_records(tmp_path
 
 def test_the_summary_command_imports_no_airflow_and_says_when_there_is_no_run(tmp_path):
     code = ("import sys, runpy\nsys.argv = ['summary']\n"
-            "try:\n    runpy.run_module('training_airflow.summary', run_name='__main__')\n"
+            "try:\n    runpy.run_module('tools.summary', run_name='__main__')\n"
             "finally:\n    print('airflow' in sys.modules, file=sys.stderr)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           env={"TRAINING_DATA_DIR": str(tmp_path), "PATH": "/usr/bin"})

@@ -24,8 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
-from training.entry import CONFIG_ERROR_EXIT
-from training.errors import ConfigError, shown
+from training.errors import CONFIG_ERROR_EXIT, ConfigError, shown
 from training.launch.kubernetes.names import (
     DNS_LABEL_WORDS,
     OBJECT_NAME_WORDS,

@@ -1,4 +1,4 @@
-"""``python -m training_airflow.summary``: what the latest run of the DAG did.
+"""``python -m tools.summary``: what the latest run of the DAG did.
 
 Prints the latest ``keras_retrain`` run's state, its tasks' states, the published
 version and its metrics, the promotion decision with its reasons, or why it did not

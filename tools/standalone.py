@@ -1,4 +1,4 @@
-"""``python -m training_airflow.standalone``: the local Airflow behind ``./dev airflow``.
+"""``python -m tools.standalone``: the local Airflow behind ``./dev airflow``.
 
 What ``airflow standalone`` does, made dependable for this project on a small machine:
 
