@@ -6,12 +6,13 @@ not cached yet, ``train --evaluate`` (``launcher=local``), ``evaluate`` when the
 evaluation the training process wrote no longer stands. The Airflow task process itself
 never loads TensorFlow.
 
-``launcher=local`` runs ``python -m training train --evaluate`` that way, in
-its own process group: its output streams line by line into the task log (TensorFlow's
-CUDA probing noise on a CPU-only worker left out), ``on_kill`` (a task marked failed, a
-timeout, a worker shutdown) sends SIGTERM to its group, and its exit code decides the
-task: 0 succeeds; 2 is a configuration error that no retry can fix, so the task fails at
-once without retries (``AirflowFailException``); anything else fails and is retried.
+``launcher=local`` runs ``python -m training train --evaluate`` that way
+(``training.launch.child``), in its own process group: its output streams line by line
+into the task log (TensorFlow's CUDA probing noise on a CPU-only worker left out),
+``on_kill`` (a task marked failed, a timeout, a worker shutdown) sends SIGTERM to its
+group, and its exit code decides the task: 0 succeeds; 2 is a configuration error that
+no retry can fix, so the task fails at once without retries (``AirflowFailException``);
+anything else fails and is retried.
 The failure message is the child's ``error:`` line. The child gets the store's
 credentials through its environment only. The run's config is written to
 ``<output_dir>/<run_id>.launch.json`` and passed with ``--config``; because the run id
@@ -36,53 +37,24 @@ the config and the context. A launcher that needs its own clean-up on kill sets
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
-import subprocess
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from training.errors import CONFIG_ERROR_EXIT, LaunchError
+from training.launch.child import Child, ChildResult
 from training_airflow.params import aws_conn_id
 
 
 def run_child(operator: Any, command: list[str], env: dict[str, str],
-              cwd: str) -> tuple[int, str | None, dict[str, Any]]:
-    """Run ``command`` in its own process group, its output into the task log.
-
-    Returns the exit code, the child's last ``error:`` line (None if it printed none)
-    and the JSON objects it printed, one per line, merged (``{"staged": ...}``).
-    """
-    from training_airflow.quiet import is_noise
-
-    child = subprocess.Popen(command, env=env, cwd=cwd, stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                             start_new_session=True)
-    operator.child = child
-    error, results = None, {}
-    assert child.stdout is not None
-    try:
-        for raw in child.stdout:
-            line = raw.decode(errors="backslashreplace").rstrip()
-            if is_noise(line):
-                continue
-            operator.log.info("%s", line)
-            if line.startswith("error: "):
-                error = line
-            elif line.startswith("{"):
-                with contextlib.suppress(ValueError):
-                    results.update(json.loads(line))
-    except BaseException:  # a timeout or a kill of the task: the child goes with it
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(child.pid, signal.SIGTERM)
-        raise
-    finally:
-        child.stdout.close()
-    return child.wait(), error, results
+              cwd: str) -> ChildResult:
+    """``command`` as the task's child (``training.launch.child``), its lines into the
+    task log; ``on_kill`` stops it (``operator.child``)."""
+    operator.child = Child(command, env, cwd)
+    return operator.child.run(lambda line: operator.log.info("%s", line))
 
 
 def _s3_uri(cfg: Any) -> str:
@@ -120,7 +92,8 @@ def run_training_command(operator: Any, cfg: Any, command: str, *, staged: Any =
                       " ".join([*args, *flags]))
     # In the task's own working directory: a relative path in the conf (data_uri) means
     # in the child what it means here.
-    code, error, results = run_child(operator, [*args, *flags], env, os.getcwd())
+    ended = run_child(operator, [*args, *flags], env, os.getcwd())
+    code, error = ended.code, ended.error
     what = "training" if command == "train" else f"`{command}`"
     if code == CONFIG_ERROR_EXIT:
         raise AirflowFailException(
@@ -129,7 +102,7 @@ def run_training_command(operator: Any, cfg: Any, command: str, *, staged: Any =
     if code != 0:
         raise LaunchError(
             f"{what} exited with code {code}: {error or 'no error line; see the log above'}")
-    return results
+    return ended.results
 
 
 def launch_local(operator: Any, cfg: Any, context: Any) -> dict[str, Any]:

@@ -27,15 +27,13 @@ worker's environment. The model steps carry the "Model version" extra link
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
-import subprocess
 from collections.abc import Callable
 from typing import Any
 
 from airflow.sdk import BaseOperator
 
+from training.launch.child import Child
 from training_airflow.links import VERSION_XCOM, ModelVersionLink
 from training_airflow.params import aws_conn_id, config_for
 
@@ -50,13 +48,12 @@ class _Step(BaseOperator):
     child process (``launchers.run_training_command``)."""
 
     imports: tuple[str, ...] = ()
-    child: subprocess.Popen | None = None  # a child process the step runs (run_child)
+    child: Child | None = None  # a child process the step runs (launchers.run_child)
 
     def on_kill(self) -> None:
-        if self.child is not None and self.child.poll() is None:
+        if self.child is not None and self.child.running():
             self.log.info("sending SIGTERM to the child process group")
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.child.pid, signal.SIGTERM)
+            self.child.stop()
 
     def execute(self, context: Any) -> Any:
         import importlib

@@ -24,6 +24,7 @@ import pytest
 from support.cli import cli, one_error_line
 from support.cutproxy import CutProxy
 
+from training import produced
 from training.registry import open_store
 from training.registry.versions import ModelRegistry
 
@@ -340,6 +341,7 @@ def promoted_copy(trained_run, tmp_path: Path):
                               "store_uri": os.fspath(store)})
     (tmp_path / "run" / "model" / "evaluation.json").write_text(json.dumps(
         {"challenger": {"accuracy": 0.9, "loss": 0.3, "macro_f1": 0.9}}))
+    produced.record(tmp_path / "run", "evaluate", produced.EVALUATE)  # as evaluate does
     publish(cfg, registry, created="2026-12-01T00:00:00+00:00")
     registry.promote(cfg.model_name, "run", run_id="run", at="2026-12-01T00:00:00+00:00",
                      reason="first")
@@ -372,6 +374,7 @@ def test_models_list_flags_a_pointer_to_a_deleted_version(trained_run, tmp_path)
 
     # A version over the size limit is refused with the sizes, and nothing is written.
     (tmp_path / "run" / "model" / "weights.bin").write_bytes(os.urandom(3 << 20))
+    produced.record(tmp_path / "run", "train", [*produced.TRAIN, "weights.bin"])
     bigger = cfg.with_overrides({"run_id": "run", "max_version_mb": 2})
     with pytest.raises(Exception, match=r"is \d+\.\d MiB, over the limit of 2 MiB "
                                          r"\(max_version_mb\); largest files: weights.bin 3.0"):

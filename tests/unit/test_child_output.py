@@ -20,8 +20,9 @@ REAL = [
 
 
 def test_a_child_process_noise_is_dropped_from_the_task_log_and_the_rest_passes():
-    """``launchers.run_child``: how a child's output (TensorFlow loads only in children)
-    reaches the task log; its exit code, its ``error:`` line and its JSON lines."""
+    """``launchers.run_child`` over ``training.launch.child``: how a child's output
+    (TensorFlow loads only in children) reaches the task log; its exit code, its
+    ``error:`` line and its JSON lines."""
     import logging
 
     from training_airflow.launchers import run_child
@@ -41,18 +42,18 @@ def test_a_child_process_noise_is_dropped_from_the_task_log_and_the_rest_passes(
             logged.append(record.getMessage())
 
     class Operator:
-        log = logging.getLogger("test_quiet.task")
+        log = logging.getLogger("test_child_output.task")
         child = None
 
     Operator.log.addHandler(Collect())
-    code, error, results = run_child(Operator(), [sys.executable, "-c", script],
-                                     env={}, cwd=".")
-    assert (code, error, results) == (3, "error: the last word", {"staged": {"key": "k"}})
+    ended = run_child(Operator(), [sys.executable, "-c", script], env={}, cwd=".")
+    assert (ended.code, ended.error, ended.results) == (
+        3, "error: the last word", {"staged": {"key": "k"}})
     assert logged == [REAL[0], *lines[-3:]]  # every line but the noise, in order
 
 
 def test_is_noise_matches_only_the_probing_lines():
-    from training_airflow.quiet import is_noise
+    from training.launch.child import is_noise
 
     assert all(is_noise(line) for line in NOISE)
     assert not any(is_noise(line) for line in REAL)
