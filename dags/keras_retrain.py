@@ -29,12 +29,12 @@ Logic lives in the `training` library and `training_airflow` glue; this file onl
 
 from __future__ import annotations
 
-import os
 from datetime import timedelta
 
 import pendulum
 from airflow.sdk import DAG, AssetOrTimeSchedule, CronTriggerTimetable
 
+from training.deployment import Deployment
 from training_airflow.assets import LABELLED_DATA, PRODUCTION_MODEL, STAGED_DATASET
 from training_airflow.params import dag_params
 from training_airflow.tasks import (
@@ -47,7 +47,7 @@ from training_airflow.tasks import (
 )
 
 # On the cron OR on every landing of labelled data; on the landings only without a cron.
-CRON = os.environ.get("TRAINING_SCHEDULE", "0 3 * * *")
+CRON = Deployment.from_env().schedule
 SCHEDULE = (AssetOrTimeSchedule(timetable=CronTriggerTimetable(CRON, timezone="UTC"),
                                 assets=LABELLED_DATA) if CRON else LABELLED_DATA)
 

@@ -20,19 +20,15 @@ Logic lives in `training.data.landing`; this file only declares. See docs/data-a
 
 from __future__ import annotations
 
-import os
 from datetime import timedelta
-from pathlib import Path
 
 import pendulum
 from airflow.sdk import DAG, Param, task
 
+from training.deployment import Deployment
 from training_airflow.assets import LABELLED_DATA
 
-_DATA_DIR = Path(os.environ.get("TRAINING_DATA_DIR")
-                 or Path(os.environ.get("AIRFLOW_HOME", Path.home() / "airflow")) / "training")
-INCOMING_DIR = os.environ.get("TRAINING_INCOMING_DIR") or os.fspath(_DATA_DIR / "incoming")
-DATA_URI = os.environ.get("TRAINING_DATA_URI") or os.fspath(_DATA_DIR / "labelled")
+DEPLOYMENT = Deployment.from_env()
 
 with DAG(
     dag_id="land_labelled_data",
@@ -46,9 +42,10 @@ with DAG(
         "partition": Param(None, type=["null", "string"], title="Partition",
                            description="The day to land, dt=YYYY-MM-DD (like dt=2026-11-28); "
                                        "empty: the day before the run's date (UTC)."),
-        "source_dir": Param(INCOMING_DIR, type="string", minLength=1, title="Source directory",
+        "source_dir": Param(DEPLOYMENT.incoming_dir, type="string", minLength=1,
+                            title="Source directory",
                             description="Directory holding <partition>/<label>/<image file>."),
-        "data_uri": Param(DATA_URI, type="string", minLength=1, title="Data store",
+        "data_uri": Param(DEPLOYMENT.data_uri, type="string", minLength=1, title="Data store",
                           description="Where partitions land: a directory or "
                                       "s3://bucket/prefix."),
     },
@@ -69,7 +66,6 @@ with DAG(
 
         from training.data import landing
         from training.errors import ConfigError, DatasetError
-        from training_airflow.params import aws_conn_id
         from training_airflow.store import s3_options
 
         # Empty: the last day that is over when the run starts (run_after: fixed per run).
@@ -77,7 +73,8 @@ with DAG(
         partition = params["partition"] or f"dt={day:%Y-%m-%d}"
         try:
             result = landing.land(params["source_dir"], params["data_uri"], partition,
-                                  store_options=s3_options(params["data_uri"], aws_conn_id()))
+                                  store_options=s3_options(params["data_uri"],
+                                                           Deployment.from_env().aws_conn_id))
         except (ConfigError, DatasetError) as exc:  # the input is wrong: no retry fixes it
             raise AirflowFailException(str(exc)) from exc
         outlet_events[LABELLED_DATA].extra = {key: result[key]

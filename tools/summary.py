@@ -15,14 +15,14 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+from training.deployment import Deployment
 from training_airflow import records
-from training_airflow.deployment import deployment_settings
 
 DAG_ID = "keras_retrain"
 
 
 def latest_run_summary(dag_id: str = DAG_ID, env: Mapping[str, str] = os.environ) -> dict:
-    output_dir = Path(deployment_settings(env)["output_dir"])
+    output_dir = Path(Deployment.from_env(env).output_dir)
     run = records.latest_run(output_dir, dag_id)
     if run is None:
         raise SystemExit(f"error: no run of {dag_id} has left its records under {output_dir}")

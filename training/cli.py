@@ -142,8 +142,9 @@ def _check_models_args(args: argparse.Namespace) -> None:
 
 def load_config(args: argparse.Namespace) -> RunConfig:
     values = {s.key: getattr(args, s.key) for s in flat_fields() if hasattr(args, s.key)}
-    base = RunConfig.from_file(args.config) if args.config else RunConfig()
-    return base.with_overrides(values)
+    if not args.config:
+        return RunConfig.from_flat(values)
+    return RunConfig.from_file(args.config).with_overrides(values)
 
 
 def _stage(cfg: RunConfig, staged_file: str | None):

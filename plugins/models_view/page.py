@@ -137,12 +137,13 @@ class _StoreCache:
         self.secrets: frozenset[str] = frozenset()
 
     def get(self) -> Any:
+        from training.deployment import Deployment
         from training.registry import open_store
         from training.registry.versions import ModelRegistry
-        from training_airflow.params import aws_conn_id, deployment_settings
         from training_airflow.store import s3_options
 
-        key = (deployment_settings()["store_uri"], aws_conn_id())
+        deployment = Deployment.from_env()
+        key = (deployment.store.text, deployment.aws_conn_id)
         with self._lock:
             entry = self._entry
             if entry is None or entry[0] != key or time.monotonic() - entry[1] > STORE_CACHE_S:

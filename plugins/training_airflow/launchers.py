@@ -21,8 +21,8 @@ BackupAndRestore resumes it. The dataset is the one ``stage_dataset`` staged (it
 written beside the config and passed with ``--staged``), verified, never staged again;
 ``validate_data``'s statistics go with ``--data-stats``.
 
-``launcher=kubernetes`` reads the deployment's settings from the Airflow worker's
-environment (``KubernetesOptions.from_env``: ``TRAINING_K8S_*``; see
+``launcher=kubernetes`` takes the Job's options from the task's deployment
+(``training.deployment``; ``KubernetesOptions.from_env`` over its ``TRAINING_K8S_*``; see
 docs/kubernetes-airflow.md), gets the ``kubernetes`` API clients from the cncf-kubernetes
 provider's ``KubernetesHook`` (the connection ``kubernetes_default`` unless
 ``TRAINING_K8S_CONN_ID`` names another), and runs ``training.launch.kubernetes``'s
@@ -40,13 +40,13 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from training.errors import CONFIG_ERROR_EXIT, LaunchError
 from training.launch.child import Child, ChildResult
-from training_airflow.params import aws_conn_id
+from training.registry.uri import is_s3
 
 
 def run_child(operator: Any, command: list[str], env: dict[str, str],
@@ -62,7 +62,7 @@ def _s3_uri(cfg: Any) -> str:
     weights, the holdout, the team's data): its credentials come from one connection."""
     uris = (cfg.storage.store_uri, cfg.model.weights, cfg.promotion.holdout_uri,
             cfg.dataset.uri)
-    return next((uri for uri in uris if uri and uri.startswith("s3://")), "")
+    return next((uri for uri in uris if is_s3(uri)), "")
 
 
 def run_training_command(operator: Any, cfg: Any, command: str, *, staged: Any = None,
@@ -87,7 +87,7 @@ def run_training_command(operator: Any, cfg: Any, command: str, *, staged: Any =
             path.write_text(json.dumps(value))
             args += [flag, os.fspath(path)]
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1",
-           **subprocess_env(s3_options(_s3_uri(cfg), aws_conn_id()))}
+           **subprocess_env(s3_options(_s3_uri(cfg), operator.deployment.aws_conn_id))}
     operator.log.info("starting %s (TensorFlow loads in it, about 15 s): %s", command,
                       " ".join([*args, *flags]))
     # In the task's own working directory: a relative path in the conf (data_uri) means
@@ -114,26 +114,18 @@ def launch_local(operator: Any, cfg: Any, context: Any) -> dict[str, Any]:
     return {"run_id": cfg.run_id, "run_dir": os.fspath(cfg.run_dir())}
 
 
-ENV_CONN_ID = "TRAINING_K8S_CONN_ID"
-DEFAULT_CONN_ID = "kubernetes_default"
-
-
-def conn_id_from_env(env: Mapping[str, str] = os.environ) -> str:
-    """The Airflow connection (type Kubernetes) the launch uses; empty counts as unset."""
-    return env.get(ENV_CONN_ID) or DEFAULT_CONN_ID
-
-
-def launch_kubernetes(operator: Any, cfg: Any, context: Any = None,
-           env: Mapping[str, str] = os.environ) -> dict[str, Any]:
-    """Train ``cfg`` on Kubernetes; XCom: run id, run dir, Job name and namespace."""
+def launch_kubernetes(operator: Any, cfg: Any, context: Any = None) -> dict[str, Any]:
+    """Train ``cfg`` on Kubernetes with the options and connection of the operator's
+    deployment; XCom: run id, run dir, Job name and namespace."""
     from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
     from kubernetes.client import BatchV1Api
 
     from training.launch.kubernetes import KubernetesOptions, TrainingJob
 
-    conn_id = conn_id_from_env(env)
+    deployment = operator.deployment
+    conn_id = deployment.kubernetes_conn_id
     # Every check (settings, config, objects) before any connection is made.
-    job = TrainingJob(cfg, KubernetesOptions.from_env(env), operator.log,
+    job = TrainingJob(cfg, KubernetesOptions.from_env(deployment.kubernetes_env), operator.log,
                       identity=f"the Airflow connection {conn_id!r}", staged=operator.staged)
     operator.stop = job.stop
     hook = KubernetesHook(conn_id=conn_id)

@@ -19,26 +19,15 @@ Two things make the form usable in Airflow 3's UI:
   validated: on import of this module (DAG parsing, ``airflow dags test``, tasks) and
   in the api-server through the ``training_form`` plugin.
 
-Deployment settings come from the environment of the Airflow components, read when a
-task runs:
-
-- ``TRAINING_DATA_DIR``: root of the three below (default ``$AIRFLOW_HOME/training``);
-- ``TRAINING_STAGING_DIR``: staged datasets (default ``<data dir>/datasets``);
-- ``TRAINING_OUTPUT_DIR``: run directories (default ``<data dir>/runs``);
-- ``TRAINING_STORE_URI``: the model store, ``s3://bucket/prefix`` or a path (default
-  ``<data dir>/store``);
-- ``TRAINING_AWS_CONN_ID``: the Airflow connection for an ``s3://`` store (default
-  ``aws_default``);
-- ``TRAINING_MAX_VERSION_MB``: the largest version the registry accepts (default
-  10240).
+Deployment settings (the paths, the store, its size limit) are not on the form: they
+come from ``training.deployment.Deployment``, built from the environment of the Airflow
+components when a task runs.
 """
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import json
-import os
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -46,8 +35,9 @@ from typing import Any
 from airflow.sdk import Param
 
 from training.config import DEVICE_PATTERN, FieldSpec, RunConfig, flat_fields, property_schema
+from training.config.run import check_known
+from training.deployment import Deployment
 from training.errors import ConfigError
-from training_airflow.deployment import deployment_settings
 
 SECTION_TITLES = {
     "dataset": "Dataset",
@@ -133,10 +123,6 @@ def dag_params() -> dict[str, Param]:
     return {spec.key: _param(spec) for spec in form_fields()}
 
 
-def aws_conn_id(env: Mapping[str, str] = os.environ) -> str:
-    return env.get("TRAINING_AWS_CONN_ID", "aws_default")
-
-
 def run_id_for(airflow_run_id: str) -> str:
     """A version id that follows ``training.layout``'s name rule, derived from the Airflow
     run id (stable across retries): other characters become '-', '..' becomes '.'."""
@@ -149,8 +135,9 @@ def run_id_for(airflow_run_id: str) -> str:
 
 
 def config_for_run(params: Mapping[str, Any], airflow_run_id: str,
-                   env: Mapping[str, str] = os.environ) -> RunConfig:
-    """The validated RunConfig of one DAG run: form params + deployment + run id.
+                   deployment: Deployment | None = None) -> RunConfig:
+    """The validated RunConfig of one DAG run: form params + ``deployment`` (default:
+    this process's, ``Deployment.from_env``) + run id.
 
     Unknown keys in the run's conf are errors that name the key and list the allowed
     ones, and so is a deployment setting in the conf: ``AirflowFailException`` (no
@@ -164,16 +151,12 @@ def config_for_run(params: Mapping[str, Any], airflow_run_id: str,
             if spec.deployment and spec.key in params:
                 raise ConfigError(f"{spec.key} is set by the deployment's environment, not by "
                                   f"a run's conf, got {params[spec.key]!r}")
-        for key in params:
-            if key not in settable:
-                close = difflib.get_close_matches(str(key), settable, n=1)
-                hint = f" (did you mean {close[0]!r}?)" if close else ""
-                raise ConfigError(f"unknown conf key {key!r}{hint}; a run's conf may set: "
-                                  + ", ".join(sorted(settable)))
+        check_known(params, settable, "conf key", "a run's conf may set")
         # Empty or null in an optional field means "not set": the library's default.
         values = {k: v for k, v in params.items()
                   if not (settable[k].optional and v in ("", None, [], {}))}
-        return RunConfig.from_flat({**values, **deployment_settings(env),
+        deployment = deployment or Deployment.from_env()
+        return RunConfig.from_flat({**values, **deployment.run_settings(),
                                     "run_id": run_id_for(airflow_run_id)})
     except ConfigError as exc:
         # Airflow 3.3 lets conf keys the form does not declare through; a retry cannot
@@ -201,13 +184,13 @@ def run_day(context: Mapping[str, Any]) -> str:
     return (end.date() - timedelta(days=1)).isoformat()
 
 
-def config_for(context: Mapping[str, Any]) -> RunConfig:
+def config_for(context: Mapping[str, Any], deployment: Deployment | None = None) -> RunConfig:
     """``config_for_run`` for a task's context: a team's own data (``data_source``
     images or tfrecord) without ``data_until`` gets the run's day (``run_day``)."""
     params = dict(context["params"])
     if params.get("data_source", "catalog") != "catalog" and not params.get("data_until"):
         params["data_until"] = run_day(context)
-    return config_for_run(params, context["run_id"])
+    return config_for_run(params, context["run_id"], deployment)
 
 
 def form_markdown() -> str:

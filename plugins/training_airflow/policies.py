@@ -11,34 +11,27 @@ for every task instance it creates or re-queues; a manual run whose conf says
 ``accelerator: gpu`` (or ``tpu``) puts its ``train`` task on the ``gpu`` (``tpu``) queue,
 where only Celery workers with that
 hardware listen (``airflow celery worker --queues gpu``). Scheduled runs use the
-form's default (``cpu``) and the task's own queue. Queue names come from
-``TRAINING_GPU_QUEUE`` / ``TRAINING_TPU_QUEUE``.
+form's default (``cpu``) and the task's own queue. Queue names are the deployment's
+(``training.deployment``: ``TRAINING_GPU_QUEUE`` / ``TRAINING_TPU_QUEUE``).
 """
 
 from __future__ import annotations
 
-import os
 import sys
 from typing import Any
 
 from airflow.policies import hookimpl
 
+from training.deployment import Deployment
+
 TRAINING_TASK_IDS = {"train"}
-
-
-def queue_for(accelerator: Any) -> str | None:
-    if accelerator == "gpu":
-        return os.environ.get("TRAINING_GPU_QUEUE", "gpu")
-    if accelerator == "tpu":
-        return os.environ.get("TRAINING_TPU_QUEUE", "tpu")
-    return None
 
 
 @hookimpl
 def task_instance_mutation_hook(task_instance: Any, dag_run: Any) -> None:
     if task_instance.task_id not in TRAINING_TASK_IDS or dag_run is None:
         return
-    queue = queue_for((dag_run.conf or {}).get("accelerator"))
+    queue = Deployment.from_env().queue_for((dag_run.conf or {}).get("accelerator"))
     if queue:
         task_instance.queue = queue
 

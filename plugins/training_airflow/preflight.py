@@ -24,7 +24,7 @@ import sys
 from collections.abc import Iterator, Mapping
 from urllib.parse import urlsplit, urlunsplit
 
-from training_airflow.deployment import deployment_settings
+from training.deployment import Deployment
 
 TIMEOUT_S = 5
 
@@ -110,19 +110,20 @@ def _connection(env: Mapping[str, str], conn_id: str) -> tuple[str, dict]:
 
 
 def check_store(env: Mapping[str, str]) -> str:
-    store_uri = deployment_settings(env)["store_uri"]
-    if not store_uri.startswith("s3://"):
+    deployment = Deployment.from_env(env)
+    store, store_uri = deployment.store, deployment.store.text
+    if not store.is_s3:
         return f"TRAINING_STORE_URI: {store_uri} is a local store"
     import boto3
     import botocore.exceptions
     from botocore.config import Config
 
-    conn_id = env.get("TRAINING_AWS_CONN_ID", "aws_default")
+    conn_id = deployment.aws_conn_id
     setting, fields = _connection(env, conn_id)
     extra = fields.get("extra") or {}
     endpoint = extra.get("endpoint_url") or env.get("AWS_ENDPOINT_URL_S3") \
         or env.get("AWS_ENDPOINT_URL")
-    bucket, _, prefix = store_uri[len("s3://"):].partition("/")
+    bucket, prefix = store.bucket, store.path
     client = boto3.client(
         "s3", endpoint_url=endpoint, region_name=extra.get("region_name"),
         aws_access_key_id=fields.get("login"), aws_secret_access_key=fields.get("password"),

@@ -13,11 +13,12 @@ from __future__ import annotations
 from typing import Any
 
 from training.registry.s3 import S3Options
+from training.registry.uri import is_s3
 
 
 def s3_options(store_uri: str, conn_id: str) -> S3Options | None:
     """S3Options from the Airflow connection; None for a local store."""
-    if not store_uri.startswith("s3://"):
+    if not is_s3(store_uri):
         return None
     from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook
     from airflow.sdk.log import mask_secret

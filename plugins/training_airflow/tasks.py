@@ -33,9 +33,10 @@ from typing import Any
 
 from airflow.sdk import BaseOperator
 
+from training.deployment import Deployment
 from training.launch.child import Child
 from training_airflow.links import VERSION_XCOM, ModelVersionLink
-from training_airflow.params import aws_conn_id, config_for
+from training_airflow.params import config_for
 
 SKIP_XCOM = "skipped_because"  # validate_data: why the run did not train
 
@@ -49,6 +50,7 @@ class _Step(BaseOperator):
 
     imports: tuple[str, ...] = ()
     child: Child | None = None  # a child process the step runs (launchers.run_child)
+    deployment: Deployment  # this worker's (training.deployment), read as the step starts
 
     def on_kill(self) -> None:
         if self.child is not None and self.child.running():
@@ -69,7 +71,8 @@ class _Step(BaseOperator):
         for module in self.imports:
             importlib.import_module(module)
         imported = time.perf_counter() - began
-        cfg = config_for(context)
+        self.deployment = Deployment.from_env()
+        cfg = config_for(context, self.deployment)
         ti, dag_run, run_dir = context.get("ti"), context.get("dag_run"), cfg.run_dir()
         if ti is None or dag_run is None or not self.has_dag():
             return self.work(cfg, context)  # called outside a DAG run: nothing to record
@@ -108,7 +111,7 @@ class _ModelStep(_Step):
 
         context["ti"].xcom_push(key=VERSION_XCOM,
                                 value={"model_name": cfg.model_name, "version": cfg.run_id})
-        return self.step(cfg, open_registry(cfg, aws_conn_id()), context)
+        return self.step(cfg, open_registry(cfg, self.deployment.aws_conn_id), context)
 
     def step(self, cfg: Any, registry: Any, context: Any) -> Any:
         raise NotImplementedError
@@ -128,7 +131,8 @@ class StageOperator(_Step):
         from training_airflow.launchers import run_training_command
         from training_airflow.store import s3_options
 
-        staged = staging.cached(cfg.dataset, s3_options(cfg.dataset.uri, aws_conn_id()))
+        staged = staging.cached(cfg.dataset,
+                                s3_options(cfg.dataset.uri, self.deployment.aws_conn_id))
         if staged is not None:
             result = staged.to_dict()
         else:
@@ -192,7 +196,7 @@ class ValidateOperator(_Step):
 
         try:
             checked = gate.validate_data(cfg, StagedDataset.from_dict(self.staged),
-                                         open_registry(cfg, aws_conn_id()))
+                                         open_registry(cfg, self.deployment.aws_conn_id))
         except ValidationError as exc:
             raise AirflowFailException(str(exc)) from exc
         if checked["skip"]:

@@ -87,8 +87,10 @@ def operator():
 def launch(operator, cfg):
     from structlog.testing import capture_logs
 
+    from training.deployment import Deployment
     from training_airflow.launchers import LAUNCHERS
 
+    operator.deployment = Deployment.from_env()  # as the task does when it starts
     with capture_logs() as logs:
         try:
             return LAUNCHERS["kubernetes"](operator, cfg, {}), logs, None
@@ -357,11 +359,14 @@ def test_without_a_shared_volume_the_launch_warns(cluster, cfg, operator):
 
 
 def test_the_connection_comes_from_training_k8s_conn_id():
-    from training_airflow.launchers import conn_id_from_env
+    from training.deployment import Deployment
 
-    assert conn_id_from_env({"TRAINING_K8S_CONN_ID": "k8s_prod"}) == "k8s_prod"
-    assert conn_id_from_env({"TRAINING_K8S_CONN_ID": ""}) == "kubernetes_default"
-    assert conn_id_from_env({}) == "kubernetes_default"
+    def conn_id(env):
+        return Deployment.from_env(env).kubernetes_conn_id
+
+    assert conn_id({"TRAINING_K8S_CONN_ID": "k8s_prod"}) == "k8s_prod"
+    assert conn_id({"TRAINING_K8S_CONN_ID": ""}) == "kubernetes_default"
+    assert conn_id({}) == "kubernetes_default"
 
 
 def test_settings_are_checked_before_any_connection(cluster, cfg, operator, monkeypatch):

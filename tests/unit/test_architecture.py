@@ -1,5 +1,6 @@
 """The layout keeps its promises: no import circles, no Airflow in the library, short
-modules (or a reason at the top of a long one), none over 400 lines."""
+modules (or a reason at the top of a long one), none over 400 lines, and the process
+environment read only where a deployment or a process contract is read."""
 
 from __future__ import annotations
 
@@ -96,3 +97,53 @@ def test_no_module_is_over_400_lines():
     over = {str(p.relative_to(ROOT)): n for p in set(paths)
             if (n := len(p.read_text().splitlines())) > MAX_LINES}
     assert not over, f"split these modules (over {MAX_LINES} lines): {over}"
+
+
+# Who may read the process environment (os.environ, os.getenv). Settings of the
+# deployment are read by ``training.deployment`` alone, and the CLI entry reads its own
+# switches; the rest are contracts between processes, not settings: what a launcher
+# hands a worker, what the platform hands a pod.
+ENVIRONMENT_READERS = {
+    "training/deployment.py": "the deployment's settings (TRAINING_*)",
+    "training/entry.py": "the CLI entry (TRAINING_TRACEBACK, TensorFlow's log level)",
+    "training/train/cluster.py": "TF_CONFIG, tf.distribute's contract with each worker",
+    "training/train/strategy.py": "TPU_NAME, set by a TPU VM",
+    "training/launch/kubernetes/pod.py": "the Job's pod: its index and service, set by "
+                                         "Kubernetes and the rendered Job",
+    "training/launch/local.py": "the workers inherit the launcher's environment",
+    "training/locks.py": "the run claims a parent hands its child (TRAINING_CLAIMS_HELD)",
+    "training/train/keras_patches/__init__.py": "TRAINING_KERAS_COMPAT, a worker's switch "
+                                                "for the patches",
+    "plugins/training_airflow/launchers.py": "a step's child inherits the task's environment",
+    "plugins/training_airflow/preflight.py": "the checks are of the environment itself",
+}
+
+
+def _reads_environment(path: Path) -> bool:
+    for node in ast.walk(ast.parse(path.read_text())):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                and node.value.id == "os" and node.attr in ("environ", "getenv", "environb")):
+            return True
+        if isinstance(node, ast.ImportFrom) and node.module == "os" and any(
+                a.name in ("environ", "getenv") for a in node.names):
+            return True
+    return False
+
+
+def test_only_the_deployment_and_process_contracts_read_the_environment():
+    paths = [*(ROOT / "training").rglob("*.py"), *(ROOT / "plugins").rglob("*.py"),
+             *(ROOT / "dags").glob("*.py")]
+    readers = {str(p.relative_to(ROOT)) for p in paths if _reads_environment(p)}
+    assert readers - set(ENVIRONMENT_READERS) == set(), (
+        "read the deployment's settings through training.deployment.Deployment, or add "
+        "the module to ENVIRONMENT_READERS with the contract it reads")
+    assert set(ENVIRONMENT_READERS) - readers == set(), "no longer reads: take it out"
+
+
+def test_the_environment_check_sees_each_way_of_reading(tmp_path):
+    for source in ("import os\nos.environ['X']", "import os\nos.getenv('X')",
+                   "from os import environ\n", "import os\ndict(os.environ)"):
+        (tmp_path / "m.py").write_text(source)
+        assert _reads_environment(tmp_path / "m.py"), source
+    (tmp_path / "m.py").write_text("import os\nos.path.join('a')\nenv = {}\nenv.get('X')")
+    assert not _reads_environment(tmp_path / "m.py")

@@ -46,6 +46,7 @@ def test_a_child_process_noise_is_dropped_from_the_task_log_and_the_rest_passes(
         child = None
 
     Operator.log.addHandler(Collect())
+    Operator.log.setLevel(logging.INFO)  # whatever the root logger's level is
     ended = run_child(Operator(), [sys.executable, "-c", script], env={}, cwd=".")
     assert (ended.code, ended.error, ended.results) == (
         3, "error: the last word", {"staged": {"key": "k"}})

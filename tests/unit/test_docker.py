@@ -287,18 +287,18 @@ from airflow.api_fastapi.auth.managers.simple.simple_auth_manager import SimpleA
 from airflow.cli.cli_parser import get_parser
 from airflow.configuration import conf
 from airflow.models.connection import Connection
-from training_airflow.params import aws_conn_id, deployment_settings
-from training_airflow.policies import queue_for
+from training.deployment import Deployment
 env = json.loads(os.environ["PROBE_ENV"])
+deployment = Deployment.from_env(env)
 parser = get_parser()
 parsed = [parser.parse_args(c).func.__name__ for c in {commands!r}]
-conn = Connection.from_json(env["AIRFLOW_CONN_AWS_DEFAULT"], conn_id=aws_conn_id(env))
+conn = Connection.from_json(env["AIRFLOW_CONN_AWS_DEFAULT"], conn_id=deployment.aws_conn_id)
 print(json.dumps({{
     "parsed": parsed,
     "default_queue": conf.get("operators", "default_queue"),
     "conn": [conn.conn_id, conn.conn_type, conn.login, conn.extra_dejson],
-    "settings": deployment_settings(env),
-    "gpu_queue": queue_for("gpu"),
+    "settings": deployment.run_settings(),
+    "gpu_queue": deployment.queue_for("gpu"),
     "users": [[u.username, u.role] for u in SimpleAuthManager.get_users()],
     "passwords": SimpleAuthManager.get_passwords(),
 }}))

@@ -11,7 +11,7 @@ import dataclasses
 import difflib
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,6 +65,28 @@ def check_across(cfg: RunConfig) -> None:
             f"runtime.tpu names a TPU ({runtime.tpu!r}) but runtime.accelerator is "
             f"{runtime.accelerator!r}: the TPU would be ignored; set runtime.accelerator "
             "to 'tpu' to train on it, or leave runtime.tpu empty")
+
+
+def check_known(keys: Iterable[str], allowed: Collection[str], noun: str,
+                listing: str) -> None:
+    """The one unknown-key check of flat keys: the first unknown key, the closest known
+    one and every key ``allowed`` (``listing`` introduces them)."""
+    for key in keys:
+        if key not in allowed:
+            close = difflib.get_close_matches(str(key), allowed, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(f"unknown {noun} {key!r}{hint}; {listing}: "
+                              + ", ".join(sorted(allowed)))
+
+
+def _nested(values: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """Flat known keys as ``{section: {field: value}}``."""
+    by_key = {s.key: s for s in flat_fields()}
+    nested: dict[str, dict[str, Any]] = {}
+    for key, value in values.items():
+        spec = by_key[key]
+        nested.setdefault(spec.section, {})[spec.name] = value
+    return nested
 
 
 def flat_fields() -> list[FieldSpec]:
@@ -137,8 +159,10 @@ class RunConfig:
 
     @classmethod
     def from_flat(cls, values: Mapping[str, Any]) -> RunConfig:
-        """Build from flat keys (CLI flags, Airflow params); unknown keys are errors."""
-        return cls().with_overrides(values)
+        """Build from flat keys (CLI flags, Airflow params); unknown keys are errors.
+        Each value is checked once: the defaults it does not set are not checked first."""
+        check_known(values, {s.key for s in flat_fields()}, "config key", "allowed")
+        return cls.from_dict(_nested(values))
 
     @classmethod
     def from_json(cls, text: str) -> RunConfig:
@@ -164,19 +188,14 @@ class RunConfig:
         return cls.from_json(text)
 
     def with_overrides(self, values: Mapping[str, Any]) -> RunConfig:
-        """A new, validated config with flat ``key: value`` overrides applied."""
-        by_key = {s.key: s for s in flat_fields()}
-        data = self.to_dict()
-        for key, value in values.items():
-            if key not in by_key:
-                close = difflib.get_close_matches(str(key), by_key, n=1)
-                hint = f" (did you mean {close[0]!r}?)" if close else ""
-                raise ConfigError(
-                    f"unknown config key {key!r}{hint}; allowed: {', '.join(sorted(by_key))}"
-                )
-            spec = by_key[key]
-            data[spec.section][spec.name] = value
-        return RunConfig.from_dict(data)
+        """A new, validated config with flat ``key: value`` overrides applied. Only the
+        sections they touch are built (checked) again; the rules across fields, always."""
+        check_known(values, {s.key for s in flat_fields()}, "config key", "allowed")
+        changed = {}
+        for name, overrides in _nested(values).items():
+            section = getattr(self, name)
+            changed[name] = type(section)(**{**dataclasses.asdict(section), **overrides})
+        return dataclasses.replace(self, **changed)
 
     # --- output -------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

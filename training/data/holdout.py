@@ -41,9 +41,9 @@ def load_holdout(uri: str, store_options: Any, shape: tuple[int, int, int],
     index in ``class_names`` (the staged dataset's)."""
     import numpy as np
 
-    from training.registry import open_store
+    from training.registry import is_s3, open_store
 
-    store = open_store(uri, store_options if uri.startswith("s3://") else None)
+    store = open_store(uri, store_options if is_s3(uri) else None)
     try:
         keys = sorted(k for k in store.list("")
                       if not k.rsplit("/", 1)[-1].startswith(("_", ".")))

@@ -158,9 +158,9 @@ def cached(cfg: DatasetConfig, store_options: Any = None) -> StagedDataset | Non
         version_dir = Path(cfg.staging_dir) / cfg.name / version
     else:
         from training.data import images_tfds
-        from training.registry import open_store
+        from training.registry import is_s3, open_store
 
-        store = open_store(cfg.uri, store_options if cfg.uri.startswith("s3://") else None)
+        store = open_store(cfg.uri, store_options if is_s3(cfg.uri) else None)
         version_dir = Path(images_tfds.SnapshotBuilder(cfg, store).data_dir)
     manifest_path = version_dir / STAGING_MANIFEST
     if not manifest_path.is_file():
@@ -188,9 +188,9 @@ def stage(cfg: DatasetConfig, store_options: Any = None) -> StagedDataset:
         builder = get_builder(cfg.name, cfg.version, cfg.staging_dir)
     else:
         from training.data import images_tfds
-        from training.registry import open_store
+        from training.registry import is_s3, open_store
 
-        store = open_store(cfg.uri, store_options if cfg.uri.startswith("s3://") else None)
+        store = open_store(cfg.uri, store_options if is_s3(cfg.uri) else None)
         builder = images_tfds.SnapshotBuilder(cfg, store)
     version_dir = Path(builder.data_dir)
     manifest_path = version_dir / STAGING_MANIFEST

@@ -1,7 +1,7 @@
 """The model registry: object stores, immutable versions, the production pointer, promotion.
 
 - ``store``: the ``Store`` interface; ``local`` (a directory) and ``s3`` implement it;
-  ``open_store`` (here) picks one by URI;
+  ``uri`` parses a store URI; ``open_store`` (here) picks a store by it;
 - ``versions``: ``ModelRegistry``, immutable checksummed versions, with ``pointer``
   (production pointer, history, promote, rollback) and ``loading`` (safe Keras loading);
 - ``policy``: champion against challenger, with written reasons.
@@ -11,33 +11,21 @@ Importing this package imports no boto3: an ``S3Store`` imports it when it is cr
 
 from __future__ import annotations
 
-from urllib.parse import unquote, urlparse
-
 from training.errors import StorageError
 from training.registry.local import FileStore
 from training.registry.s3 import S3Options, S3Store
 from training.registry.store import Store
+from training.registry.uri import StoreURI, is_s3
 
-__all__ = ["open_store"]
+__all__ = ["StoreURI", "is_s3", "open_store"]
 
 
-def open_store(uri: str, options: S3Options | None = None) -> Store:
-    """Open the store a URI names: ``s3://bucket/prefix``, ``file:///path`` or a path."""
-    if not isinstance(uri, str) or not uri:
-        raise StorageError(f"store URI must be a non-empty string, got {uri!r}")
-    parsed = urlparse(uri)
-    if parsed.scheme == "s3":
-        return S3Store(parsed.netloc, unquote(parsed.path), options)
+def open_store(uri: str | StoreURI, options: S3Options | None = None) -> Store:
+    """Open the store a URI names: ``s3://bucket/prefix``, ``file:///path`` or a path
+    (``uri.StoreURI``); ``options`` are an S3 store's endpoint and credentials."""
+    where = StoreURI.parse(uri)
+    if where.is_s3:
+        return S3Store(where.bucket, where.path, options)
     if options is not None:
-        raise StorageError(f"S3Options apply to s3:// stores only, got URI {uri!r}")
-    if parsed.scheme == "file":
-        if parsed.netloc not in ("", "localhost"):
-            raise StorageError(
-                f"file:// URIs must name a local absolute path (file:///abs/path), got {uri!r}"
-            )
-        return FileStore(unquote(parsed.path))
-    if parsed.scheme and len(parsed.scheme) > 1:  # 'C:' style drive letters aside
-        raise StorageError(
-            f"store URI scheme must be s3:// or file:// (or a plain path), got {uri!r}"
-        )
-    return FileStore(uri)
+        raise StorageError(f"S3Options apply to s3:// stores only, got URI {where.text!r}")
+    return FileStore(where.path)

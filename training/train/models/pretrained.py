@@ -35,7 +35,9 @@ def backbone_of(model: Any, name: str, why: str) -> Any:
 def fetch(uri: str, directory: Path) -> Path:
     """The weights file at ``uri`` as a local path (an S3 object is downloaded into
     ``directory``); ConfigError when there is none."""
-    if not uri.startswith("s3://"):
+    from training.registry.uri import is_s3
+
+    if not is_s3(uri):
         if not Path(uri).is_file():
             raise ConfigError(f"model.weights: there is no file {uri!r}")
         return Path(uri)

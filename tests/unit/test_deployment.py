@@ -1,0 +1,93 @@
+"""The deployment's settings are read in one place, and a store URI is parsed once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from training.deployment import Deployment
+from training.errors import ConfigError, StorageError
+from training.registry import open_store
+from training.registry.local import FileStore
+from training.registry.uri import StoreURI, is_s3
+
+
+def test_defaults_hang_off_the_data_dir_and_airflow_home(tmp_path):
+    deployment = Deployment.from_env({"AIRFLOW_HOME": str(tmp_path)})
+    data = tmp_path / "training"
+    assert deployment.data_dir == data
+    assert deployment.run_settings() == {"staging_dir": str(data / "datasets"),
+                                         "output_dir": str(data / "runs"),
+                                         "store_uri": str(data / "store")}
+    assert (deployment.incoming_dir, deployment.data_uri) == (str(data / "incoming"),
+                                                              str(data / "labelled"))
+    assert (deployment.aws_conn_id, deployment.kubernetes_conn_id) == ("aws_default",
+                                                                       "kubernetes_default")
+    assert deployment.schedule == "0 3 * * *"
+    assert not deployment.store.is_s3
+
+
+def test_every_variable_is_read_and_empty_counts_as_unset(tmp_path):
+    env = {"TRAINING_DATA_DIR": str(tmp_path), "TRAINING_STAGING_DIR": "",
+           "TRAINING_OUTPUT_DIR": "/runs", "TRAINING_STORE_URI": "s3://models/registry/",
+           "TRAINING_MAX_VERSION_MB": "20", "TRAINING_AWS_CONN_ID": "store",
+           "TRAINING_K8S_CONN_ID": "k8s", "TRAINING_K8S_NAMESPACE": "ml",
+           "TRAINING_GPU_QUEUE": "a100", "TRAINING_TPU_QUEUE": "", "TRAINING_SCHEDULE": "",
+           "UNRELATED": "x"}
+    deployment = Deployment.from_env(env)
+    assert deployment.run_settings() == {"staging_dir": str(tmp_path / "datasets"),
+                                         "output_dir": "/runs",
+                                         "store_uri": "s3://models/registry/",
+                                         "max_version_mb": 20}
+    assert (deployment.store.bucket, deployment.store.path) == ("models", "registry")
+    assert deployment.store.is_s3
+    assert (deployment.aws_conn_id, deployment.kubernetes_conn_id) == ("store", "k8s")
+    assert deployment.kubernetes_env == {"TRAINING_K8S_CONN_ID": "k8s",
+                                         "TRAINING_K8S_NAMESPACE": "ml"}
+    assert [deployment.queue_for(a) for a in ("gpu", "tpu", "cpu", None)] == [
+        "a100", "tpu", None, None]
+    assert deployment.schedule == ""  # set and empty: no cron
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"TRAINING_MAX_VERSION_MB": "2.5"},
+     "TRAINING_MAX_VERSION_MB must be a whole number of MiB, got '2.5'"),
+    ({"TRAINING_STORE_URI": "gs://bucket/models"},
+     "TRAINING_STORE_URI scheme must be s3:// or file:// (or a plain path), "
+     "got 'gs://bucket/models'"),
+    ({"TRAINING_STORE_URI": "s3:///models"},
+     "TRAINING_STORE_URI: an s3:// URI needs a bucket name, got 's3:///models'"),
+])
+def test_a_bad_variable_is_refused_with_its_name_and_value(env, message):
+    with pytest.raises(ConfigError) as caught:
+        Deployment.from_env(env)
+    assert str(caught.value) == message
+
+
+@pytest.mark.parametrize("text, parsed", [
+    ("s3://bucket", ("s3", "bucket", "")),
+    ("s3://bucket/a/b/", ("s3", "bucket", "a/b")),
+    ("file:///srv/models", ("file", "", "/srv/models")),
+    ("file://localhost/srv/models", ("file", "", "/srv/models")),
+    ("var/store", ("file", "", "var/store")),
+    ("C:/store", ("file", "", "C:/store")),
+])
+def test_store_uris_parse_into_scheme_bucket_and_path(text, parsed):
+    uri = StoreURI.parse(text)
+    assert (uri.scheme, uri.bucket, uri.path) == parsed
+    assert str(uri) == text
+    assert uri.is_s3 == is_s3(text) == (parsed[0] == "s3")
+
+
+@pytest.mark.parametrize("text", ["", None, "http://host/x", "file://host/x"])
+def test_other_uris_are_refused(text):
+    with pytest.raises(StorageError, match=r"store URI"):
+        StoreURI.parse(text)
+
+
+def test_open_store_takes_a_parsed_uri(tmp_path: Path):
+    store = open_store(StoreURI.parse(f"file://{tmp_path}"))
+    assert isinstance(store, FileStore)
+    store.put_bytes("k", b"v")
+    assert (tmp_path / "k").read_bytes() == b"v"
