@@ -1,4 +1,4 @@
-"""``python -m training <command>``: one command per pipeline stage.
+"""``python -m training <command>``: one command per step of the pipeline (``training.steps``).
 
 Every config field is a flag (``--epochs``, ``--batch-size``, ...), generated from the
 config schema; ``--config FILE`` reads a JSON config first and flags override it. The
@@ -16,6 +16,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from training import layout
 from training.config import SECTIONS, FieldSpec, RunConfig, flat_fields, json_schema
 from training.entry import run_command
 from training.errors import ConfigError
@@ -120,7 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
                             description="Read and move the model registry in a store.",
                             allow_abbrev=False)
     models.add_argument("action", choices=["list", "show", "promote", "rollback"])
-    models.add_argument("--store-uri", default=RunConfig().storage.store_uri,
+    models.add_argument("--store-uri", default=_default("store_uri"),
                         help="s3://bucket/prefix, file:///path or a local path")
     models.add_argument("--name", help="model name (all models for list)")
     models.add_argument("--version", help="version id (show, promote, rollback)")
@@ -130,6 +131,11 @@ def build_parser() -> argparse.ArgumentParser:
     schema.add_argument("--markdown", action="store_true",
                         help="the configuration reference table of docs/configuration.md")
     return parser
+
+
+def _default(key: str) -> Any:
+    """A field's default, from the schema (no config is built for it)."""
+    return next(spec.default for spec in flat_fields() if spec.key == key)
 
 
 def _check_models_args(args: argparse.Namespace) -> None:
@@ -144,27 +150,7 @@ def load_config(args: argparse.Namespace) -> RunConfig:
     values = {s.key: getattr(args, s.key) for s in flat_fields() if hasattr(args, s.key)}
     if not args.config:
         return RunConfig.from_flat(values)
-    return RunConfig.from_file(args.config).with_overrides(values)
-
-
-def _stage(cfg: RunConfig, staged_file: str | None):
-    """The run's staged dataset: the one a previous step handed over, else staged now."""
-    from training.data import staging  # heavy (tfds): after the config is valid
-
-    if staged_file:
-        staged = staging.StagedDataset.read(staged_file)
-        version = cfg.dataset.version
-        if staged.name != cfg.dataset.name or version not in (None, staged.version):
-            asked = cfg.dataset.name + (f":{version}" if version else "")
-            raise ConfigError(f"--staged {staged_file} holds dataset {staged.key!r}, but the "
-                              f"config asks for {asked!r}: stage this config's dataset, or "
-                              "leave --staged out")
-        staging.verify(staged)
-        log.info("using the staged dataset %s from %s", staged.key, staged_file)
-    else:
-        staged = staging.stage(cfg.dataset)
-    print(json.dumps({"staged": staged.to_dict()}))
-    return staged
+    return RunConfig.from_file(args.config, overrides=values)
 
 
 def execute(args: argparse.Namespace) -> int:
@@ -178,8 +164,11 @@ def execute(args: argparse.Namespace) -> int:
     cfg = load_config(args)
     log.info("%s run %s: configuration valid; loading TensorFlow and tensorflow-datasets",
              args.command, cfg.run_id)
+    from training.steps import stage  # heavy (tfds): after the config is valid
+
     # Resolves the dataset name before anything is written.
-    staged = _stage(cfg, getattr(args, "staged", None))
+    staged = stage.stage(cfg, getattr(args, "staged", None))
+    print(json.dumps({"staged": staged.to_dict()}))
     if args.command == "stage":
         return 0
     if cluster.current():
@@ -191,51 +180,37 @@ def execute(args: argparse.Namespace) -> int:
 
 
 def _run_steps(args: argparse.Namespace, cfg: RunConfig, staged: Any) -> int:
-    from training import pipeline
+    """The steps after ``stage`` that the command asks for, in order
+    (``training.steps``); each prints its result as one JSON line."""
+    from training.registry.versions import open_registry
+    from training.steps import evaluate, promote, publish, train, validate
 
     data_stats = _data_stats(getattr(args, "data_stats", None))
     if args.command in ("validate", "run"):
-        from training.data import gate
-
-        checked = gate.validate_data(cfg, staged, pipeline.open_registry(cfg))
+        checked = validate.validate_data(cfg, staged, open_registry(cfg.storage.store_uri))
         print(json.dumps({"validation": {k: v for k, v in checked.items()
                                          if k != "data_stats"}}))
         if checked["skip"] or args.command == "validate":
             return 0
         data_stats = checked["data_stats"]
-
     if args.command in ("train", "run"):
-        if cfg.runtime.workers > 1 and not cluster.current():
-            from training.launch import local  # N worker processes on this host
-
-            result = local.run(cfg, staged=staged)
-            if result.returncode:
-                print(f"error: {result.reason}", file=sys.stderr)
-                return result.returncode
-            print(json.dumps({"trained": result.trained}))
-        elif cluster.current():
-            # A worker of a cluster (a pod of the Kubernetes Job): trains and prints its
-            # final weights digest as a local launcher's worker does.
-            from training.launch.worker import train_reporting
-
-            print(json.dumps({"trained": train_reporting(cfg, staged).to_dict()}))
-        else:
-            from training.train.fit import train
-
-            print(json.dumps({"trained": train(cfg, staged).to_dict()}))
+        print(json.dumps({"trained": train.train(cfg, staged)}))
     if args.command == "train" and not (args.evaluate and cluster.is_chief(cluster.current())):
         return 0  # in a multi-worker run, only the chief evaluates
-    registry = pipeline.open_registry(cfg)
+    registry = open_registry(cfg.storage.store_uri)
     if args.command in ("train", "evaluate", "run"):
-        evaluation = pipeline.evaluate(cfg, staged, registry, data_stats=data_stats)
-        print(json.dumps({"evaluation": pipeline.artifact_paths(cfg)["evaluation"],
+        evaluation = evaluate.evaluated(
+            cfg, staged, registry,
+            evaluate_now=lambda: evaluate.evaluate(cfg, staged, registry,
+                                                   data_stats=data_stats))
+        print(json.dumps({"evaluation": str(layout.model_dir(cfg.run_dir()) / layout.EVALUATION),
                           "test_accuracy": evaluation["challenger"]["accuracy"],
                           "decision": evaluation["decision"]}))
     if args.command in ("publish", "run"):
-        pipeline.read_evaluation(cfg)  # evaluated first: says so if not
-        started = pipeline.started_at(cfg)
-        print(json.dumps({"published": pipeline.publish(cfg, registry, created=started)}))
-        print(json.dumps({"promotion": pipeline.promote(cfg, registry, at=started)}))
+        evaluate.read_evaluation(cfg)  # evaluated first: says so if not
+        started = publish.started_at(cfg)
+        print(json.dumps({"published": publish.publish(cfg, registry, created=started)}))
+        print(json.dumps({"promotion": promote.promote(cfg, registry, at=started)}))
     return 0
 
 

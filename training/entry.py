@@ -34,7 +34,7 @@ def run_command(command: Callable[[], int]) -> int:
         return CONFIG_ERROR_EXIT
     except TrainingError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return ERROR_EXIT
+        return getattr(exc, "exit_status", ERROR_EXIT)
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130

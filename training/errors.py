@@ -61,6 +61,15 @@ class LaunchError(TrainingError, RuntimeError):
     a Kubernetes Job failed, or a launcher could not start it."""
 
 
+class WorkersFailed(LaunchError):
+    """A worker of a local multi-worker run failed; ``exit_status`` is the status the
+    launcher ends with (the failed worker's, as ``training.launch.local`` reports it)."""
+
+    def __init__(self, message: str, exit_status: int) -> None:
+        super().__init__(message)
+        self.exit_status = exit_status
+
+
 class ReportError(TrainingError):
     """A report cannot be built from the given directory."""
 

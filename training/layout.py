@@ -52,6 +52,7 @@ def validate_name(field: str, value: Any) -> str:
 
 # --- the run directory -------------------------------------------------------------
 CONFIG = "config.json"
+RUN_CONFIG = "run-config.json"  # beside model/: the run's frozen config (config/frozen.py)
 BACKUP_DIR = "backup"
 AIRFLOW_RECORDS = "airflow"  # what each DAG task did (training_airflow/records.py)
 BEST_CHECKPOINT = ("checkpoints", "best.keras")

@@ -22,7 +22,7 @@ from training.layout import PRODUCED, model_dir
 
 log = logging.getLogger(__name__)
 
-# What each step writes under model/ (training.train.fit, training.pipeline.evaluate).
+# What each step writes under model/ (training.train.fit, training.steps.evaluate).
 TRAIN = (layout.CONFIG, layout.RUN, layout.HISTORY_CSV, layout.TENSORBOARD_DIR, layout.HISTORY,
          layout.MODEL_FILE, layout.SAVED_MODEL_DIR, layout.TRAINED)
 EVALUATE = (layout.EVALUATION, layout.DATA_STATS, layout.REPORT_DIR)

@@ -14,8 +14,8 @@ group, and its exit code decides the task: 0 succeeds; 2 is a configuration erro
 no retry can fix, so the task fails at once without retries (``AirflowFailException``);
 anything else fails and is retried.
 The failure message is the child's ``error:`` line. The child gets the store's
-credentials through its environment only. The run's config is written to
-``<output_dir>/<run_id>.launch.json`` and passed with ``--config``; because the run id
+credentials through its environment only. The run's frozen config (the file its first
+step wrote, ``<run_dir>/run-config.json``) is passed with ``--config``; because the run id
 comes from the Airflow run, a retry lands in the same run directory and
 BackupAndRestore resumes it. The dataset is the one ``stage_dataset`` staged (its XCom,
 written beside the config and passed with ``--staged``), verified, never staged again;
@@ -78,9 +78,8 @@ def run_training_command(operator: Any, cfg: Any, command: str, *, staged: Any =
 
     output_dir = Path(cfg.storage.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
-    config_path = output_dir / f"{cfg.run_id}.launch.json"
-    config_path.write_text(cfg.to_json())
-    args = [sys.executable, "-m", "training", command, "--config", os.fspath(config_path)]
+    # The run's frozen config, as the first step wrote it (``training.config.frozen``).
+    args = [sys.executable, "-m", "training", command, "--config", operator.frozen["path"]]
     for flag, value in (("--staged", staged), ("--data-stats", data_stats)):
         if value is not None:  # stage_dataset's and validate_data's XComs
             path = output_dir / f"{cfg.run_id}.{flag[2:]}.json"

@@ -54,6 +54,7 @@ def subprocess_env(options: S3Options | None) -> dict[str, str]:
 
 def open_registry(cfg: Any, conn_id: str) -> Any:
     """The model registry on the run's store, with the connection's credentials."""
-    from training.pipeline import open_registry as library_open_registry
+    from training.registry.versions import open_registry as library_open_registry
 
-    return library_open_registry(cfg, s3_options(cfg.storage.store_uri, conn_id))
+    return library_open_registry(cfg.storage.store_uri,
+                                 s3_options(cfg.storage.store_uri, conn_id))

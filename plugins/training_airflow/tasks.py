@@ -2,27 +2,38 @@
 
 No step imports TensorFlow or tensorflow-datasets in the Airflow task process: what
 needs them runs as ``python -m training ...`` in a child process (``launchers.py``), so
-a task costs its process start and its work, not a 10-16 s import. Every step logs a
-timing line first and last and leaves a record of what it did in the run directory
-(``records.py``, read back by ``summary.py``).
+a task costs its process start and its work, not a 10-16 s import. ``Step`` is what
+every step does around its work: its imports (timed), this worker's deployment
+(``training.deployment``), the run's config, a timing line first and last, and a record
+of what it did in the run directory (``records.py``, read back by ``tools/summary.py``).
 
-- ``StageOperator``: a cache hit found without tfds (``staging.cached``), else
+Each operator is one step of ``training.steps`` (the order, the inputs and the
+"already done?" rules live there):
+
+- ``StageOperator``: a cache hit found without tfds (``steps.stage.cached``), else
   ``python -m training stage`` in a child process; XCom: the staged dataset.
-- ``ValidateOperator``: ``training.data.gate.validate_data``: skipped when nothing is
+- ``ValidateOperator``: ``steps.validate.validate_data``: skipped when nothing is
   new, failed with every reason when the data fails a check; XCom: its statistics.
 - ``TrainOperator``: the run's launcher (``launchers.py``: a subprocess here, or a Job on
   Kubernetes) trains on the staged dataset it is handed; the local one evaluates in the
   same process; XCom: the run directory.
-- ``EvaluateOperator``: the evaluation the training process wrote, if it still stands
-  (``pipeline.standing_evaluation``), else ``python -m training evaluate`` in a child.
-- ``PublishOperator``, ``PromoteOperator``: ``training.pipeline``'s publish and promote
+- ``EvaluateOperator``: ``steps.evaluate.evaluated``: the evaluation the training
+  process wrote, if it still stands, else ``python -m training evaluate`` in a child.
+- ``PublishOperator``, ``PromoteOperator``: ``steps.publish`` and ``steps.promote``
   on the run directory and evaluation they are handed, with the deployment's registry.
 
 Every step takes what the step before produced from its XCom (template fields holding
-``XComArg``s, which also wire the dependencies) and builds the run's validated config
-from the params (``params.config_for``); it never re-derives a path from its own
-worker's environment. The model steps carry the "Model version" extra link
-(``links.py``).
+``XComArg``s, which also wire the dependencies). The run's config is built and checked
+once, by the run's first step (``builds_config``: ``stage_dataset``, from the params and
+the deployment, ``params.config_for``), frozen into the run directory
+(``training.config.frozen``) and handed on through XCom (key ``config``: its path and
+SHA-256). Every later step thaws that file, so no step re-derives a setting or a path
+from its own worker's environment, and a file changed since the first step wrote it
+fails the task without retries.
+
+Over 300 lines on purpose: the base step and the six operators are one idea, the DAG's
+steps, and a reader follows a trigger from the form to the launcher in one file. The
+model steps carry the "Model version" extra link (``links.py``).
 """
 
 from __future__ import annotations
@@ -39,9 +50,10 @@ from training_airflow.links import VERSION_XCOM, ModelVersionLink
 from training_airflow.params import config_for
 
 SKIP_XCOM = "skipped_because"  # validate_data: why the run did not train
+CONFIG_XCOM = "config"  # the first step's frozen config: {"path", "sha256"}
 
 
-class _Step(BaseOperator):
+class Step(BaseOperator):
     """One step of the DAG: its library modules imported and timed, the run's config,
     a timing line first and last in the log, and a record of what it did in the run
     directory (``records.py``). Subclasses say what the step needs (``imports``) and
@@ -49,8 +61,10 @@ class _Step(BaseOperator):
     child process (``launchers.run_training_command``)."""
 
     imports: tuple[str, ...] = ()
+    builds_config = False  # the run's first step: builds, checks and freezes the config
     child: Child | None = None  # a child process the step runs (launchers.run_child)
     deployment: Deployment  # this worker's (training.deployment), read as the step starts
+    frozen: dict[str, str]  # the run's frozen config file: {"path", "sha256"}
 
     def on_kill(self) -> None:
         if self.child is not None and self.child.running():
@@ -72,7 +86,7 @@ class _Step(BaseOperator):
             importlib.import_module(module)
         imported = time.perf_counter() - began
         self.deployment = Deployment.from_env()
-        cfg = config_for(context, self.deployment)
+        cfg = self.run_config(context)
         ti, dag_run, run_dir = context.get("ti"), context.get("dag_run"), cfg.run_dir()
         if ti is None or dag_run is None or not self.has_dag():
             return self.work(cfg, context)  # called outside a DAG run: nothing to record
@@ -97,11 +111,39 @@ class _Step(BaseOperator):
         record("success", value)
         return value
 
+    def run_config(self, context: Any) -> Any:
+        """The run's config: built from the params and frozen by the run's first step
+        (or by a step called outside a DAG run), thawed from its file by every later
+        one. A frozen file that is gone or changed fails the task without retries."""
+        from airflow.sdk.exceptions import AirflowFailException
+
+        from training.config import frozen
+        from training.errors import ConfigError
+
+        first = next((t for t in self.dag.tasks if getattr(t, "builds_config", False)),
+                     None) if self.has_dag() and context.get("ti") is not None else None
+        if first is None or first.task_id == self.task_id:  # (the task runs a copy)
+            cfg = config_for(context, self.deployment)
+            self.frozen = frozen.freeze(cfg)
+            if first is not None:
+                context["ti"].xcom_push(key=CONFIG_XCOM, value=self.frozen)
+            return cfg
+        handed = context["ti"].xcom_pull(task_ids=first.task_id, key=CONFIG_XCOM)
+        if not handed:
+            raise AirflowFailException(f"{first.task_id} handed on no frozen config (XCom "
+                                       f"{CONFIG_XCOM!r}): run the run again from it")
+        try:
+            cfg = frozen.thaw(handed)
+        except ConfigError as exc:
+            raise AirflowFailException(str(exc)) from exc
+        self.frozen = dict(handed)
+        return cfg
+
     def work(self, cfg: Any, context: Any) -> Any:
         raise NotImplementedError
 
 
-class _ModelStep(_Step):
+class _ModelStep(Step):
     """A step on the run's model, with the deployment's registry."""
 
     operator_extra_links = (ModelVersionLink(),)
@@ -117,22 +159,22 @@ class _ModelStep(_Step):
         raise NotImplementedError
 
 
-class StageOperator(_Step):
+class StageOperator(Step):
     """Stages the run's dataset once; XCom: the staged dataset, also the ``extra`` of
     the task's outlet Assets. A cache hit is found here without tfds
     (``staging.cached``); anything to prepare is done by ``python -m training stage``
     in a child process."""
 
-    imports = ("training.data.staging", "training_airflow.store")
+    imports = ("training.steps.stage", "training_airflow.store")
+    builds_config = True
     ui_color = "#e5dbff"
 
     def work(self, cfg: Any, context: Any) -> dict[str, Any]:
-        from training.data import staging
+        from training.steps import stage
         from training_airflow.launchers import run_training_command
         from training_airflow.store import s3_options
 
-        staged = staging.cached(cfg.dataset,
-                                s3_options(cfg.dataset.uri, self.deployment.aws_conn_id))
+        staged = stage.cached(cfg, s3_options(cfg.dataset.uri, self.deployment.aws_conn_id))
         if staged is not None:
             result = staged.to_dict()
         else:
@@ -142,7 +184,7 @@ class StageOperator(_Step):
         return result
 
 
-class TrainOperator(_Step):
+class TrainOperator(Step):
     """Train the run's model on the staged dataset (``stage_dataset``'s XCom) with the
     launcher its params ask for; XCom: the run dir. The local launcher also evaluates
     in the same child process (``validate_data``'s statistics handed over), so
@@ -173,13 +215,13 @@ class TrainOperator(_Step):
             super().on_kill()
 
 
-class ValidateOperator(_Step):
-    """Checks the staged data before training (``training.data.gate``): skipped, with
+class ValidateOperator(Step):
+    """Checks the staged data before training (``training.steps.validate``): skipped, with
     the reason, when there is nothing new; failed at once (no retry can fix data) with
     every reason when a check fails. XCom: the statistics and the verdict."""
 
     template_fields = ("staged",)
-    imports = ("training.data.gate", "training.data.staging", "training_airflow.store")
+    imports = ("training.steps.validate", "training_airflow.store")
     ui_color = "#f3d9fa"
 
     def __init__(self, *, staged: Any, **kwargs: Any) -> None:
@@ -189,14 +231,14 @@ class ValidateOperator(_Step):
     def work(self, cfg: Any, context: Any) -> dict[str, Any]:
         from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-        from training.data import gate
         from training.data.staging import StagedDataset
         from training.errors import ValidationError
+        from training.steps import validate
         from training_airflow.store import open_registry
 
         try:
-            checked = gate.validate_data(cfg, StagedDataset.from_dict(self.staged),
-                                         open_registry(cfg, self.deployment.aws_conn_id))
+            checked = validate.validate_data(cfg, StagedDataset.from_dict(self.staged),
+                                             open_registry(cfg, self.deployment.aws_conn_id))
         except ValidationError as exc:
             raise AirflowFailException(str(exc)) from exc
         if checked["skip"]:
@@ -208,11 +250,11 @@ class ValidateOperator(_Step):
 class EvaluateOperator(_ModelStep):
     """The new model against production on the same test split; the decision. The
     evaluation the training process wrote stands if nothing it depends on changed
-    (``pipeline.standing_evaluation``); otherwise ``python -m training evaluate`` runs
-    it again in a child process."""
+    (``steps.evaluate.evaluated``); otherwise ``python -m training evaluate`` runs it
+    again in a child process."""
 
     template_fields = ("staged", "trained", "validated")
-    imports = ("training.pipeline", "training_airflow.store")
+    imports = ("training.steps.evaluate", "training_airflow.store")
     ui_color = "#d0ebff"
 
     def __init__(self, *, staged: Any, trained: Any, validated: Any = None,
@@ -221,28 +263,22 @@ class EvaluateOperator(_ModelStep):
         self.staged, self.trained, self.validated = staged, trained, validated
 
     def step(self, cfg: Any, registry: Any, context: Any) -> dict[str, Any]:
-        from training import pipeline
         from training.data.staging import StagedDataset
         from training.errors import LaunchError
+        from training.steps import evaluate
         from training_airflow.launchers import run_training_command
 
         if os.path.realpath(self.trained["run_dir"]) != os.path.realpath(cfg.run_dir()):
             raise LaunchError(f"train reported run directory {self.trained['run_dir']}, "
                               f"this run's is {cfg.run_dir()}")
-        evaluation = pipeline.published_evaluation(cfg, registry)
-        if evaluation is not None:
-            self.log.info("%s %s is already published; its evaluation stands",
-                          cfg.model_name, cfg.run_id)
-        else:
-            evaluation, why = pipeline.standing_evaluation(
-                cfg, StagedDataset.from_dict(self.staged), registry)
-            if evaluation is not None:
-                self.log.info("the evaluation stands: %s", why)
-            else:
-                self.log.info("evaluating (again): %s", why)
-                run_training_command(self, cfg, "evaluate", staged=self.staged,
-                                     data_stats=(self.validated or {}).get("data_stats"))
-                evaluation = pipeline.read_evaluation(cfg)
+
+        def in_a_child() -> dict[str, Any]:
+            run_training_command(self, cfg, "evaluate", staged=self.staged,
+                                 data_stats=(self.validated or {}).get("data_stats"))
+            return evaluate.read_evaluation(cfg)
+
+        evaluation = evaluate.evaluated(cfg, StagedDataset.from_dict(self.staged), registry,
+                                        evaluate_now=in_a_child)
         decision = evaluation["decision"]
         self.log.info("verdict for %s %s: %s%s; %s", cfg.model_name, cfg.run_id,
                       "promote" if decision["promote"] else "keep production",
@@ -256,7 +292,7 @@ class PublishOperator(_ModelStep):
     """The run's model as an immutable version, recording the Airflow run it came from."""
 
     template_fields = ("evaluation",)
-    imports = ("training.pipeline", "training_airflow.store")
+    imports = ("training.steps.publish", "training_airflow.store")
     ui_color = "#d3f9d8"
 
     def __init__(self, *, evaluation: Any, **kwargs: Any) -> None:
@@ -264,11 +300,11 @@ class PublishOperator(_ModelStep):
         self.evaluation = evaluation
 
     def step(self, cfg: Any, registry: Any, context: Any) -> dict[str, Any]:
-        from training import pipeline
+        from training.steps import publish
 
         dag_run = context["dag_run"]
         source = {"dag_id": dag_run.dag_id, "run_id": dag_run.run_id}
-        return pipeline.publish(cfg, registry, created=dag_run.run_after.isoformat(),
+        return publish.publish(cfg, registry, created=dag_run.run_after.isoformat(),
                                 source=source, run_dir=self.evaluation["run_dir"])
 
 
@@ -276,7 +312,7 @@ class PromoteOperator(_ModelStep):
     """Moves the production pointer; skipped, with the reasons, when the model lost."""
 
     template_fields = ("published",)
-    imports = ("training.pipeline", "training_airflow.store")
+    imports = ("training.steps.promote", "training_airflow.store")
     ui_color = "#fff3bf"
 
     def __init__(self, *, published: Any, **kwargs: Any) -> None:
@@ -286,9 +322,9 @@ class PromoteOperator(_ModelStep):
     def step(self, cfg: Any, registry: Any, context: Any) -> dict[str, Any]:
         from airflow.sdk.exceptions import AirflowSkipException
 
-        from training import pipeline
+        from training.steps import promote
 
-        result = pipeline.promote(cfg, registry, at=context["dag_run"].run_after.isoformat(),
+        result = promote.promote(cfg, registry, at=context["dag_run"].run_after.isoformat(),
                                   published=self.published)
         if not result["promoted"]:
             raise AirflowSkipException("not promoted: " + "; ".join(result["reasons"]))

@@ -52,18 +52,29 @@ def dag(airflow_db, s3_server, monkeypatch):
 
 
 def test_first_run_promotes_second_records_why_not_invalid_conf_never_runs(
-        dag, s3_server, capfd):
+        dag, s3_server, capfd, tmp_path, monkeypatch):
     from airflow.sdk.exceptions import ParamValidationError
+    from support.config_checks import FieldChecks
 
+    from training.config import frozen
     from training.registry import open_store
     from training.registry.versions import ModelRegistry
     from training_airflow.store import s3_options
 
     conf = {"epochs": 3, "min_accuracy": 0.5, "model_name": "e2e"}
+    epochs_checks = FieldChecks("fit.epochs", tmp_path, monkeypatch)
     first = dag.test(run_conf=conf)
     states, xcoms = _states_and_xcoms(first.run_id)
     assert str(first.state) == "success"
     assert set(states.values()) == {"success"}, states
+    # `epochs` from the form to model.fit: checked once, by the first task, in this
+    # process (the five after it thaw the frozen config), and once in each training
+    # process it enters (`train`'s child, which also evaluates).
+    checks = epochs_checks.per_process()
+    assert checks[str(os.getpid())] == 1, checks
+    assert len(checks) >= 2 and set(checks.values()) == {1}, checks
+    handed = xcoms[("stage_dataset", "config")]
+    assert frozen.thaw(handed).fit.epochs == 3
     published = xcoms[("publish", "return_value")]
     version = published["version"]
     assert published["store_uri"] == os.environ["TRAINING_STORE_URI"]

@@ -15,11 +15,12 @@ from PIL import Image
 
 from training import layout
 from training.config import RunConfig
-from training.data import gate, staging
+from training.data import staging
 from training.data.images import select_partitions, split_of
 from training.errors import DatasetError, ValidationError
 from training.registry import open_store
 from training.registry.versions import ModelRegistry
+from training.steps import validate
 
 pytestmark = pytest.mark.slow
 
@@ -136,32 +137,32 @@ def test_nothing_new_skips_new_data_is_checked_and_bad_data_is_refused(tmp_path)
     kept = manifest_of(staged)["statistics"][staging.statistics_key(0.1)]
     assert sum(s["num_examples"] for s in kept["splits"].values()) == 30
     # the first model: no production to compare with; every check passes
-    checked = gate.validate_data(cfg, staged, registry)
+    checked = validate.validate_data(cfg, staged, registry)
     assert checked["skip"] is False and checked["data_stats"]["verdict"]["passed"]
     assert checked["data_stats"]["compared_with"] is None
     publish_production(registry, cfg, staged, checked["data_stats"], tmp_path)
 
     # the same night again: nothing new, training is skipped with the reason
-    skipped = gate.validate_data(cfg, staged, registry)
+    skipped = validate.validate_data(cfg, staged, registry)
     assert skipped["skip"] is True
     assert skipped["reason"].startswith(f"nothing new: production (pets-mlp v1) was trained "
                                         f"on this data ({staged.key}) with these settings")
     # ... unless forced, or the settings changed
-    assert not gate.validate_data(cfg.with_overrides({"force_train": True}), staged,
+    assert not validate.validate_data(cfg.with_overrides({"force_train": True}), staged,
                                   registry)["skip"]
-    assert not gate.validate_data(cfg.with_overrides({"epochs": 3}), staged, registry)["skip"]
+    assert not validate.validate_data(cfg.with_overrides({"epochs": 3}), staged, registry)["skip"]
 
     # a new day like the first: checked against production, passes
     land(store, DAYS[1])
     cfg2 = own(uri, tmp_path, data_until=DAYS[1])
-    fine = gate.validate_data(cfg2, staging.stage(cfg2.dataset), registry)
+    fine = validate.validate_data(cfg2, staging.stage(cfg2.dataset), registry)
     assert fine["skip"] is False and fine["data_stats"]["compared_with"] == "v1"
 
     # a drifted day with a class missing: refused before training, every reason named
     land(store, DAYS[2], labels=("cat",), per_label=40, shift=120)
     cfg3 = own(uri, tmp_path, data_until=DAYS[2], window_days=1)
     with pytest.raises(ValidationError) as refused:
-        gate.validate_data(cfg3, staging.stage(cfg3.dataset), registry)
+        validate.validate_data(cfg3, staging.stage(cfg3.dataset), registry)
     message = str(refused.value)
     assert message.startswith("the staged data failed validation")
     assert "schema:" in message and "'dog'" in message  # production's class is missing

@@ -10,9 +10,11 @@ import pytest
 from markupsafe import escape
 from support.png import png_size
 
-from training import pipeline, report
+from training import report
 from training.layout import model_dir
 from training.registry.local import FileStore
+from training.registry.versions import open_registry
+from training.steps import evaluate, publish
 
 pytestmark = pytest.mark.slow
 
@@ -23,12 +25,12 @@ def test_evaluate_builds_the_report_and_publish_carries_it(trained_run, staged_d
                                                            tmp_path, caplog):
     cfg, result = trained_run
     cfg = cfg.with_overrides({"store_uri": str(tmp_path / "store"), "min_accuracy": 0.5})
-    registry = pipeline.open_registry(cfg)
+    registry = open_registry(cfg.storage.store_uri)
     out = model_dir(cfg.run_dir())
     assert str(cfg.run_dir()) == result.run_dir
 
-    with caplog.at_level(logging.INFO, logger="training.pipeline"):
-        evaluation = pipeline.evaluate(cfg, staged_digits, registry)
+    with caplog.at_level(logging.INFO, logger="training.steps.evaluate"):
+        evaluation = evaluate.evaluate(cfg, staged_digits, registry)
     index = out / "report" / "index.html"
     assert f"report: {index}" in caplog.text
     assert f"models/{cfg.model_name}/versions/{cfg.run_id}/report/index.html" in caplog.text
@@ -57,7 +59,7 @@ def test_evaluate_builds_the_report_and_publish_carries_it(trained_run, staged_d
     classes = len(evaluation["challenger"]["per_class"])
     assert page.count("<tr><td>", page.index('class="per-class"')) >= classes
 
-    pipeline.publish(cfg, registry, created=AT)
+    publish.publish(cfg, registry, created=AT)
     store = FileStore(tmp_path / "store")
     prefix = f"models/{cfg.model_name}/versions/{cfg.run_id}/report/"
     published = store.get_bytes(prefix + "index.html").decode()

@@ -331,7 +331,7 @@ def test_a_damaged_production_pointer_is_one_line(tmp_path, pointer):
 def promoted_copy(trained_run, tmp_path: Path):
     """The session's trained run, copied, published as version ``run`` of a local store
     and promoted: (its config, the store's root, the registry)."""
-    from training.pipeline import publish
+    from training.steps.publish import publish
 
     cfg, _ = trained_run
     store = tmp_path / "store"
@@ -362,7 +362,7 @@ def test_a_pointer_changed_outside_the_registry_is_refused(trained_run, tmp_path
 
 
 def test_models_list_flags_a_pointer_to_a_deleted_version(trained_run, tmp_path):
-    from training.pipeline import publish
+    from training.steps.publish import publish
 
     cfg, store, registry = promoted_copy(trained_run, tmp_path)
     shutil.rmtree(store / "models" / cfg.model_name / "versions" / "run")

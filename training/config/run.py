@@ -89,6 +89,14 @@ def _nested(values: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     return nested
 
 
+def _section(data: Mapping[str, Any], name: str) -> Mapping[str, Any]:
+    """A section of a nested config, checked to be an object."""
+    values = data.get(name, {})
+    if not isinstance(values, Mapping):
+        raise ConfigError(f"{name} must be an object, got {shown(values)}")
+    return values
+
+
 def flat_fields() -> list[FieldSpec]:
     """Every field of every section, in declaration order."""
     return field_specs(SECTIONS)
@@ -145,9 +153,7 @@ class RunConfig:
             )
         sections = {}
         for name, section_cls in SECTIONS.items():
-            values = data.get(name, {})
-            if not isinstance(values, Mapping):
-                raise ConfigError(f"{name} must be an object, got {values!r}")
+            values = _section(data, name)
             allowed = [f.name for f in dataclasses.fields(section_cls)]
             for key in values:
                 if key not in allowed:
@@ -165,7 +171,9 @@ class RunConfig:
         return cls.from_dict(_nested(values))
 
     @classmethod
-    def from_json(cls, text: str) -> RunConfig:
+    def from_json(cls, text: str, overrides: Mapping[str, Any] | None = None) -> RunConfig:
+        """Build from a JSON config (nested by section), with flat ``overrides`` (CLI
+        flags) put in before anything is checked: each value is checked once."""
         try:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
@@ -173,10 +181,17 @@ class RunConfig:
         except RecursionError:
             raise ConfigError("config is nested too deeply to be a config (a config is "
                               "sections of flat values)") from None
+        if overrides:
+            check_known(overrides, {s.key for s in flat_fields()}, "config key", "allowed")
+            if isinstance(data, Mapping):
+                data = {**data, **{name: {**_section(data, name), **values}
+                                   for name, values in _nested(overrides).items()}}
         return cls.from_dict(data)
 
     @classmethod
-    def from_file(cls, path: str | Path) -> RunConfig:
+    def from_file(cls, path: str | Path,
+                  overrides: Mapping[str, Any] | None = None) -> RunConfig:
+        """Build from a JSON config file, with flat ``overrides`` (``from_json``)."""
         try:
             text = Path(path).read_text(encoding="utf-8")
         except UnicodeDecodeError as exc:
@@ -185,7 +200,7 @@ class RunConfig:
         except OSError as exc:
             raise ConfigError(f"cannot read config file {shown(str(path))}: "
                               f"{exc.strerror}") from None
-        return cls.from_json(text)
+        return cls.from_json(text, overrides)
 
     def with_overrides(self, values: Mapping[str, Any]) -> RunConfig:
         """A new, validated config with flat ``key: value`` overrides applied. Only the

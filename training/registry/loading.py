@@ -81,7 +81,7 @@ class ModelLoading:
     def check_runs_or_evaluated(self, name: str, version: str) -> dict[str, Any]:
         """``check_runs`` without loading Keras when the version's own evaluation already
         loaded and ran this very model file: its ``evaluation.json`` (``model_check``,
-        written by ``pipeline.evaluate``) names the SHA-256 of the file it checked, and
+        written by ``steps.evaluate``) names the SHA-256 of the file it checked, and
         the version's manifest, verified here file by file, gives the model file that
         SHA-256. Anything else (an older version, another file) is checked with Keras."""
         import json

@@ -39,8 +39,10 @@ from training.layout import (
     version_key,
     versions_prefix,
 )
+from training.registry import open_store
 from training.registry.loading import ModelLoading
 from training.registry.pointer import ProductionPointer, check_run_id, check_time
+from training.registry.s3 import S3Options
 from training.registry.store import Store
 
 __all__ = ["ModelRegistry"]
@@ -288,3 +290,9 @@ class ModelRegistry(ProductionPointer, ModelLoading):
                     f"downloaded {found[0]} bytes, SHA-256 {found[1]}"
                 )
         return str(dest)
+
+
+def open_registry(store_uri: str, options: S3Options | None = None) -> ModelRegistry:
+    """The registry on the store ``store_uri`` names (S3 options from the caller, else
+    boto3's chain): the one way the steps, the CLI and the plugin open it."""
+    return ModelRegistry(open_store(store_uri, options))

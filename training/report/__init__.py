@@ -12,7 +12,7 @@ names are ``training.layout``'s) and writes ``<model_dir>/report/``:
                             and the epoch whose weights early stopping kept;
 * ``confusion_matrix.png``  test-split counts, rows true class, columns predicted.
 
-Because ``report/`` lives in the model directory, ``pipeline.publish`` uploads it with
+Because ``report/`` lives in the model directory, ``steps.publish`` uploads it with
 the version: the report of version ``V`` of model ``M`` is
 ``models/M/versions/V/report/index.html`` in the store, its PNGs beside it.
 

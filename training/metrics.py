@@ -1,6 +1,6 @@
 """Test-split metrics: loss, accuracy, per-class precision/recall/F1, confusion matrix.
 
-``evaluate_model`` returns a plain dict; ``pipeline.evaluate`` writes it, with the
+``evaluate_model`` returns a plain dict; ``training.steps.evaluate`` writes it, with the
 champion/challenger decision (``registry/policy.py``), as ``evaluation.json`` next to the model.
 """
 

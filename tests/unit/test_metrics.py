@@ -2,7 +2,7 @@ import math
 
 import numpy as np
 
-from training.evaluate import classification_metrics
+from training.metrics import classification_metrics
 
 
 def test_metrics_of_a_known_confusion():

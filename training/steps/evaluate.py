@@ -1,17 +1,14 @@
-"""The pipeline's steps after training: evaluate against production, publish, promote.
+"""Step 4, evaluate: the new model against production on the same test split; the decision.
 
-Each function is one step that the CLI (``python -m training run``) and the Airflow
-DAG call the same way. Inputs and outputs are small dicts and paths, never models,
-so they travel through XCom. A step re-run for the same run gives the same result:
-
-* ``evaluate`` re-evaluates both models and rewrites ``evaluation.json``;
-* ``publish`` uploads what the steps recorded of the run's ``model/`` (``produced``) as
-  version ``<run_id>``; identical bytes are a no-op, so a retry completes an
-  interrupted upload;
-* ``promote`` is a no-op when the version is already in production.
-
-Just over 300 lines, on purpose until the steps get modules of their own: the three
-steps share the run directory's reading and the published evaluation.
+``evaluate`` scores both models (``training.metrics``; with ``promotion.holdout_uri``
+also on that pinned holdout), decides (``training.registry.policy``), writes
+``evaluation.json`` and the report into the model directory (so they are published with
+the version) and records them as produced. Already done for this run?
+``already_evaluated``: the evaluation published with the version stands (a version is
+immutable); before publish, the run's ``evaluation.json`` stands while everything it
+was made from is unchanged (``standing_evaluation``: the model file, the data, the
+policy, the holdout setting and the production version). ``evaluated`` applies that
+rule and evaluates only when it says no, the way the CLI and the Airflow task both do.
 """
 
 from __future__ import annotations
@@ -20,6 +17,7 @@ import json
 import logging
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,24 +27,19 @@ from training.data import staging
 from training.data.input import load_builder, make_dataset
 from training.data.staging import StagedDataset
 from training.errors import RegistryError, shown
-from training.evaluate import evaluate_model
 from training.files import sha256_file
 from training.layout import model_dir
 from training.locks import claim_run
-from training.registry import open_store
+from training.metrics import evaluate_model
 from training.registry.loading import check_model_runs, load_keras
 from training.registry.policy import PromotionPolicy, decide
 from training.registry.s3 import S3Options
 from training.registry.versions import ModelRegistry
+from training.steps import run_dir_of
 
 log = logging.getLogger(__name__)
 
 TEST_BATCH = 256
-
-
-def open_registry(cfg: RunConfig, options: S3Options | None = None) -> ModelRegistry:
-    """The registry on the configured store (S3 options from the caller or boto3's chain)."""
-    return ModelRegistry(open_store(cfg.storage.store_uri, options))
 
 
 def _test_split(builder: Any, cfg: RunConfig) -> Any:
@@ -61,12 +54,6 @@ def _load(path: str | Path) -> Any:
     return load_keras(path, f"the run's model {path}")
 
 
-def _run_dir(cfg: RunConfig, run_dir: str | os.PathLike[str] | None) -> Path:
-    """The run directory a step works on: the one the step before reported (Airflow
-    passes ``train``'s), or, called without one, the config's own (the CLI)."""
-    return Path(run_dir) if run_dir is not None else cfg.run_dir()
-
-
 def evaluate(cfg: RunConfig, staged: StagedDataset, registry: ModelRegistry, *,
              run_dir: str | os.PathLike[str] | None = None,
              data_stats: dict[str, Any] | None = None,
@@ -78,7 +65,7 @@ def evaluate(cfg: RunConfig, staged: StagedDataset, registry: ModelRegistry, *,
     Writes ``evaluation.json`` into the model directory (so it is published with the
     version) and returns it. A model that is not promoted always says why.
     """
-    run_dir = _run_dir(cfg, run_dir)
+    run_dir = run_dir_of(cfg, run_dir)
     with claim_run(run_dir, cfg.run_id):
         return _evaluate(cfg, staged, registry, run_dir, data_stats, holdout_options)
 
@@ -171,7 +158,7 @@ def standing_evaluation(cfg: RunConfig, staged: StagedDataset, registry: ModelRe
     None. It stands when it was made for this run, of the model file as it is now, on
     this staged dataset, with this policy and holdout, against the version that is in
     production now. Also says why (for the log)."""
-    out = model_dir(_run_dir(cfg, run_dir))
+    out = model_dir(run_dir_of(cfg, run_dir))
     try:
         evaluation = json.loads((out / layout.EVALUATION).read_text())
         model_sha256 = sha256_file(out / layout.MODEL_FILE)
@@ -205,7 +192,7 @@ def _brief(metrics: dict[str, Any]) -> dict[str, Any]:
 
 def read_evaluation(cfg: RunConfig, run_dir: str | os.PathLike[str] | None = None
                     ) -> dict[str, Any]:
-    path = model_dir(_run_dir(cfg, run_dir)) / layout.EVALUATION
+    path = model_dir(run_dir_of(cfg, run_dir)) / layout.EVALUATION
     try:
         return json.loads(path.read_text())
     except FileNotFoundError:
@@ -229,76 +216,27 @@ def published_evaluation(cfg: RunConfig, registry: ModelRegistry,
     return json.loads(registry.store.get_bytes(key))
 
 
-def publish(cfg: RunConfig, registry: ModelRegistry, *, created: str,
-            source: dict[str, str] | None = None,
-            run_dir: str | os.PathLike[str] | None = None) -> dict[str, Any]:
-    """Upload what the run's steps recorded (``produced``) as version ``cfg.run_id``.
-
-    ``created`` comes from the caller (the Airflow run's date, or the time training
-    started), never the clock at upload, so a retry writes the same manifest.
-    ``source`` names what produced the version (the Airflow DAG run and its URL).
-    """
-    run_dir = _run_dir(cfg, run_dir)
-    with claim_run(run_dir, cfg.run_id):
-        evaluation = read_evaluation(cfg, run_dir)
-        metrics = {k: evaluation["challenger"][k] for k in ("accuracy", "loss", "macro_f1")}
-        manifest = registry.publish(cfg.model_name, cfg.run_id, model_dir(run_dir),
-                                    run_id=cfg.run_id, created=created, metrics=metrics,
-                                    source=source, max_bytes=cfg.storage.max_version_mb << 20,
-                                    only=produced.to_publish(run_dir))
-    summary = {"model_name": cfg.model_name, "version": cfg.run_id,
-               "store_uri": cfg.storage.store_uri, "files": len(manifest["files"]),
-               "metrics": manifest["metrics"]}
-    log.info("published %s version %s (%d files) to %s", cfg.model_name, cfg.run_id,
-             summary["files"], cfg.storage.store_uri)
-    return summary
-
-
-def promote(cfg: RunConfig, registry: ModelRegistry, *, at: str,
-            published: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Move the production pointer to the published version when the decision says so.
-
-    ``published`` is what ``publish`` returned (Airflow hands it over through XCom);
-    without it, this run's version. Returns ``{"promoted": bool, "reasons": [...],
-    ...}``; the pointer only moves if production is still the champion the decision was
-    made against.
-    """
-    name, version = cfg.model_name, cfg.run_id
+def already_evaluated(cfg: RunConfig, staged: StagedDataset, registry: ModelRegistry,
+                      run_dir: str | os.PathLike[str] | None = None
+                      ) -> tuple[dict[str, Any] | None, str]:
+    """This step's "already done?" rule: (the evaluation that stands, why) or (None,
+    why it must be made again). Reads JSON only: no TensorFlow."""
+    published = published_evaluation(cfg, registry)
     if published is not None:
-        if published.get("model_name") != name:
-            raise RegistryError(f"publish handed over model {published.get('model_name')!r}, "
-                                f"but this run's model is {name!r}")
-        version = published["version"]
-    # The decision published with the version, not a local file that may have changed.
-    evaluation = published_evaluation(cfg, registry, version)
-    if evaluation is None:
-        raise RegistryError(f"model {name!r} version {version!r} is not "
-                            "published: publish it before promoting")
-    decision = evaluation["decision"]
-    result = {"model_name": name, "version": version,
-              "promoted": False, "forced": decision["forced"], "reasons": decision["reasons"]}
-    if not decision["promote"]:
-        log.info("%s %s is not promoted: %s", name, version, "; ".join(decision["reasons"]))
-        return result
-    champion = evaluation["champion"]
-    registry.promote(name, version, run_id=cfg.run_id, at=at,
-                     reason="; ".join(decision["reasons"]), forced=decision["forced"],
-                     expected_current=champion["version"] if champion else None)
-    log.info("%s %s is now in production", name, version)
-    return {**result, "promoted": True}
+        return published, (f"{cfg.model_name} {cfg.run_id} is already published; its "
+                           "evaluation stands")
+    return standing_evaluation(cfg, staged, registry, run_dir)
 
 
-def started_at(cfg: RunConfig) -> str:
-    """When the run's training started, as recorded in ``run.json`` (ISO 8601)."""
-    path = model_dir(cfg.run_dir()) / layout.RUN
-    try:
-        return json.loads(path.read_text())["started_at"]
-    except (OSError, ValueError, KeyError) as exc:
-        raise RegistryError(f"run {cfg.run_id} has no readable {path} ({shown(exc)}): train "
-                            "it before publishing") from None
-
-
-def artifact_paths(cfg: RunConfig) -> dict[str, str]:
-    out = model_dir(cfg.run_dir())
-    return {"model": os.fspath(out / layout.MODEL_FILE),
-            "evaluation": os.fspath(out / layout.EVALUATION)}
+def evaluated(cfg: RunConfig, staged: StagedDataset, registry: ModelRegistry, *,
+              run_dir: str | os.PathLike[str] | None = None,
+              evaluate_now: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """The run's evaluation: the one that stands (``already_evaluated``), else what
+    ``evaluate_now`` makes (``evaluate`` in this process, or in a child process for an
+    Airflow task, which never loads TensorFlow itself)."""
+    evaluation, why = already_evaluated(cfg, staged, registry, run_dir)
+    if evaluation is not None:
+        log.info("the evaluation stands: %s", why)
+        return evaluation
+    log.info("evaluating: %s", why)
+    return evaluate_now()

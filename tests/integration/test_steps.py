@@ -1,4 +1,4 @@
-"""evaluate -> publish -> promote on a real trained model, against a local store."""
+"""The steps evaluate -> publish -> promote on a real trained model, against a local store."""
 
 import json
 import logging
@@ -8,9 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from training import pipeline, produced
+from training import produced
 from training.errors import RegistryError
 from training.layout import model_dir
+from training.registry.versions import open_registry
+from training.steps import evaluate, promote, publish
 
 pytestmark = pytest.mark.slow
 
@@ -22,23 +24,23 @@ def test_first_model_is_promoted_and_a_worse_or_equal_one_is_kept_out_with_reaso
 ):
     cfg, result = trained_run
     cfg = cfg.with_overrides({"store_uri": str(tmp_path / "store"), "min_accuracy": 0.5})
-    registry = pipeline.open_registry(cfg)
+    registry = open_registry(cfg.storage.store_uri)
 
-    first = pipeline.evaluate(cfg, staged_digits, registry)
+    first = evaluate.evaluate(cfg, staged_digits, registry)
     assert first["champion"] is None
     assert first["decision"]["promote"] is True
-    published = pipeline.publish(cfg, registry, created=AT)
+    published = publish.publish(cfg, registry, created=AT)
     assert published["version"] == cfg.run_id
-    assert pipeline.publish(cfg, registry, created=AT) == published  # a retry is a no-op
-    assert pipeline.promote(cfg, registry, at=AT)["promoted"] is True
+    assert publish.publish(cfg, registry, created=AT) == published  # a retry is a no-op
+    assert promote.promote(cfg, registry, at=AT)["promoted"] is True
     assert registry.production(cfg.model_name) == cfg.run_id
-    assert pipeline.promote(cfg, registry, at=AT)["promoted"] is True  # retry: no-op
+    assert promote.promote(cfg, registry, at=AT)["promoted"] is True  # retry: no-op
     assert len(registry.history(cfg.model_name)) == 1
 
     # The same weights as a second run: no improvement, so production stays.
     second = cfg.with_overrides({"run_id": "second", "min_improvement": 0.01})
     shutil.copytree(result.run_dir, second.run_dir())
-    evaluation = pipeline.evaluate(second, staged_digits, registry)
+    evaluation = evaluate.evaluate(second, staged_digits, registry)
     assert evaluation["champion"]["version"] == cfg.run_id
     assert evaluation["champion"]["accuracy"] == pytest.approx(
         evaluation["challenger"]["accuracy"])
@@ -46,26 +48,26 @@ def test_first_model_is_promoted_and_a_worse_or_equal_one_is_kept_out_with_reaso
     assert any("< required +0.0100" in r for r in evaluation["decision"]["reasons"])
     saved = json.loads((model_dir(second.run_dir()) / "evaluation.json").read_text())
     assert saved["decision"] == evaluation["decision"]
-    pipeline.publish(second, registry, created=AT)
-    outcome = pipeline.promote(second, registry, at=AT)
+    publish.publish(second, registry, created=AT)
+    outcome = promote.promote(second, registry, at=AT)
     assert outcome["promoted"] is False and outcome["reasons"]
     assert registry.production(cfg.model_name) == cfg.run_id
 
     # Published: re-evaluating (a retried task) keeps the published decision, even when
     # the settings would now decide otherwise; promote reads the published decision.
     again = second.with_overrides({"run_id": "second", "min_improvement": -1.0})
-    assert pipeline.evaluate(again, staged_digits, registry)["decision"] == evaluation[
+    assert evaluate.evaluate(again, staged_digits, registry)["decision"] == evaluation[
         "decision"]
-    assert pipeline.promote(again, registry, at=AT)["promoted"] is False
+    assert promote.promote(again, registry, at=AT)["promoted"] is False
 
     # Forced, as a new run: promoted, and recorded as forced.
     forced = second.with_overrides({"run_id": "third", "force_promote": True})
     shutil.copytree(result.run_dir, forced.run_dir())
-    pipeline.evaluate(forced, staged_digits, registry)
+    evaluate.evaluate(forced, staged_digits, registry)
     with pytest.raises(RegistryError, match="is not published"):
-        pipeline.promote(forced, registry, at=AT)
-    pipeline.publish(forced, registry, created=AT)
-    assert pipeline.promote(forced, registry, at=AT)["forced"] is True
+        promote.promote(forced, registry, at=AT)
+    publish.publish(forced, registry, created=AT)
+    assert promote.promote(forced, registry, at=AT)["forced"] is True
     assert registry.production(cfg.model_name) == "third"
     assert registry.history(cfg.model_name)[-1]["forced"] is True
     files = {e["path"] for e in registry.show(cfg.model_name, "third")["files"]}
@@ -85,29 +87,30 @@ def test_each_step_works_on_the_run_directory_it_is_handed(trained_run, staged_d
     (handed / "model" / "evaluation.json").unlink(missing_ok=True)
     elsewhere = cfg.with_overrides({"store_uri": str(tmp_path / "store"),
                                     "output_dir": str(tmp_path / "not-here")})
-    registry = pipeline.open_registry(elsewhere)
-    evaluation = pipeline.evaluate(elsewhere, staged_digits, registry, run_dir=handed)
+    registry = open_registry(elsewhere.storage.store_uri)
+    evaluation = evaluate.evaluate(elsewhere, staged_digits, registry, run_dir=handed)
     assert json.loads((handed / "model" / "evaluation.json").read_text()) == evaluation
-    published = pipeline.publish(elsewhere, registry, created=AT, run_dir=handed)
+    published = publish.publish(elsewhere, registry, created=AT, run_dir=handed)
     assert published["files"] == len(registry.show(cfg.model_name, cfg.run_id)["files"])
     assert not (tmp_path / "not-here").exists()
     with pytest.raises(RegistryError, match=f"the run has no trained model at "
                                             f"{tmp_path / 'empty'}/model/model.keras"):
-        pipeline.evaluate(elsewhere.with_overrides({"model_name": "other"}), staged_digits,
+        evaluate.evaluate(elsewhere.with_overrides({"model_name": "other"}), staged_digits,
                           registry, run_dir=tmp_path / "empty")
 
 
 def _promote_in_a_fresh_process(cfg, tmp_path) -> tuple[bool, bool]:
-    """``pipeline.promote`` in a process of its own: (promoted, whether Keras loaded)."""
+    """``steps.promote.promote`` in a process of its own: (promoted, whether Keras loaded)."""
     import subprocess
     import sys
 
     config = tmp_path / f"{cfg.run_id}.json"
     config.write_text(cfg.to_json())
-    code = ("import json, sys\nfrom training import pipeline\n"
+    code = ("import json, sys\nfrom training.steps import promote\n"
+            "from training.registry.versions import open_registry\n"
             "from training.config import RunConfig\n"
             f"cfg = RunConfig.from_file({str(config)!r})\n"
-            f"done = pipeline.promote(cfg, pipeline.open_registry(cfg), at={AT!r})\n"
+            f"done = promote.promote(cfg, open_registry(cfg.storage.store_uri), at={AT!r})\n"
             "print(json.dumps([done['promoted'], 'keras' in sys.modules]))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -125,32 +128,32 @@ def test_an_evaluation_stands_until_what_it_was_made_of_changes(trained_run, sta
                               "min_accuracy": 0.5})
     shutil.copytree(result.run_dir, run.run_dir())
     (model_dir(run.run_dir()) / "evaluation.json").unlink(missing_ok=True)
-    registry = pipeline.open_registry(run)
-    evaluation, why = pipeline.standing_evaluation(run, staged_digits, registry)
+    registry = open_registry(run.storage.store_uri)
+    evaluation, why = evaluate.standing_evaluation(run, staged_digits, registry)
     assert evaluation is None and why.endswith("evaluation.json does not exist")
 
-    made = pipeline.evaluate(run, staged_digits, registry)
-    assert pipeline.standing_evaluation(run, staged_digits, registry)[0] == made
+    made = evaluate.evaluate(run, staged_digits, registry)
+    assert evaluate.standing_evaluation(run, staged_digits, registry)[0] == made
     stricter = run.with_overrides({"min_accuracy": 0.6})
-    assert "policy" in pipeline.standing_evaluation(stricter, staged_digits, registry)[1]
+    assert "policy" in evaluate.standing_evaluation(stricter, staged_digits, registry)[1]
 
     # Another model in production since: the decision was made against the wrong one.
     other = cfg.with_overrides({"run_id": "other", "store_uri": run.storage.store_uri,
                                 "min_accuracy": 0.5})
     shutil.copytree(result.run_dir, other.run_dir())
     (model_dir(other.run_dir()) / "evaluation.json").unlink(missing_ok=True)
-    pipeline.evaluate(other, staged_digits, registry)
-    pipeline.publish(other, registry, created=AT)
+    evaluate.evaluate(other, staged_digits, registry)
+    publish.publish(other, registry, created=AT)
     # Promoted without Keras: its evaluation loaded and ran this very model file.
     assert _promote_in_a_fresh_process(other, tmp_path) == (True, False)
-    evaluation, why = pipeline.standing_evaluation(run, staged_digits, registry)
+    evaluation, why = evaluate.standing_evaluation(run, staged_digits, registry)
     assert evaluation is None and "production is now other" in why, why
 
     # Evaluated again, then the model file changes under it: evaluated again.
-    pipeline.evaluate(run, staged_digits, registry)
+    evaluate.evaluate(run, staged_digits, registry)
     model = model_dir(run.run_dir()) / "model.keras"
     model.write_bytes(model.read_bytes() + b"\0")
-    evaluation, why = pipeline.standing_evaluation(run, staged_digits, registry)
+    evaluation, why = evaluate.standing_evaluation(run, staged_digits, registry)
     assert evaluation is None and "model file changed" in why
 
 
@@ -160,13 +163,13 @@ def test_promotion_checks_the_model_with_keras_unless_its_evaluation_ran_that_fi
     run = cfg.with_overrides({"run_id": "unchecked", "store_uri": str(tmp_path / "store"),
                               "min_accuracy": 0.5})
     shutil.copytree(result.run_dir, run.run_dir())
-    registry = pipeline.open_registry(run)
-    pipeline.evaluate(run, staged_digits, registry)
+    registry = open_registry(run.storage.store_uri)
+    evaluate.evaluate(run, staged_digits, registry)
     path = model_dir(run.run_dir()) / "evaluation.json"
     evaluation = json.loads(path.read_text())
     evaluation["model_check"]["sha256"] = "0" * 64  # says it checked another file
     path.write_text(json.dumps(evaluation))
-    pipeline.publish(run, registry, created=AT)
+    publish.publish(run, registry, created=AT)
     assert _promote_in_a_fresh_process(run, tmp_path) == (True, True)  # Keras checked it
 
 
@@ -177,8 +180,8 @@ def test_publish_uploads_what_the_steps_recorded_and_names_what_it_leaves_out(
     run = cfg.with_overrides({"run_id": "recorded", "store_uri": str(tmp_path / "store"),
                               "min_accuracy": 0.5})
     shutil.copytree(result.run_dir, run.run_dir())
-    registry = pipeline.open_registry(run)
-    pipeline.evaluate(run, staged_digits, registry)
+    registry = open_registry(run.storage.store_uri)
+    evaluate.evaluate(run, staged_digits, registry)
     out = model_dir(run.run_dir())
     recorded = produced.read(run.run_dir())
     assert {"model.keras", "saved_model/saved_model.pb", "trained.json"} <= set(
@@ -189,14 +192,14 @@ def test_publish_uploads_what_the_steps_recorded_and_names_what_it_leaves_out(
     (out / "history.json").rename(tmp_path / "history.json")
     with pytest.raises(RegistryError, match=r"file\(s\) the steps recorded are gone from "
                                             r".*: history.json; train the run again"):
-        pipeline.publish(run, registry, created=AT)
+        publish.publish(run, registry, created=AT)
     assert registry.store.list(f"models/{run.model_name}/") == []
     (tmp_path / "history.json").rename(out / "history.json")
 
     # A file nobody recorded (a 2 MiB download left in model/) is left out, named.
     (out / "stray.bin").write_bytes(os.urandom(2 << 20))
     with caplog.at_level(logging.WARNING, logger="training.produced"):
-        pipeline.publish(run, registry, created=AT)
+        publish.publish(run, registry, created=AT)
     manifest = registry.show(run.model_name, run.run_id)
     paths = sorted(entry["path"] for entry in manifest["files"])
     assert paths == sorted({f for files in recorded.values() for f in files})

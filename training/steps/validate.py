@@ -1,10 +1,11 @@
-"""Before training: is there anything new, and is the data fit to train on?
+"""Step 2, validate: is there anything new, and is the data fit to train on?
 
-``validate_data`` is the DAG's ``validate_data`` step (and the CLI's ``validate``),
-between staging and training. It skips the run when production was trained on the same
-snapshot with the same recipe, and otherwise checks the staged data
-(``training.data.validation``) against the run's rules and production's published
-statistics, failing the run with every reason before anything trains.
+``validate_data`` is the DAG's ``validate_data`` task (and the CLI's ``validate``),
+between staging and training. Already done for this run? It skips the run when
+production was trained on the same snapshot with the same recipe (the nightly "nothing
+new" rule); otherwise it checks the staged data (``training.data.validation``) against
+the run's rules and production's published statistics, failing the run with every
+reason before anything trains.
 """
 
 from __future__ import annotations

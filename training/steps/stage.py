@@ -1,0 +1,41 @@
+"""Step 1, stage: the run's dataset prepared once into the staging directory.
+
+``stage`` prepares it (``training.data.staging``: fetched, split, fingerprinted,
+manifested), or takes the staged dataset a step before handed over and verifies it.
+Already done for this run? ``cached``: the staged copy of this very dataset, found
+without importing tensorflow-datasets (the Airflow task's 0.01 s check).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from training.config import RunConfig
+from training.data import staging
+from training.data.staging import StagedDataset
+from training.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+def cached(cfg: RunConfig, store_options: Any = None) -> StagedDataset | None:
+    """The staged dataset of this config if it is already staged and complete; else None."""
+    return staging.cached(cfg.dataset, store_options)
+
+
+def stage(cfg: RunConfig, staged_file: str | None = None) -> StagedDataset:
+    """The run's staged dataset: the one a previous step handed over (``staged_file``,
+    the JSON ``stage`` printed), verified, else staged now (cached by its inputs)."""
+    if not staged_file:
+        return staging.stage(cfg.dataset)
+    staged = StagedDataset.read(staged_file)
+    version = cfg.dataset.version
+    if staged.name != cfg.dataset.name or version not in (None, staged.version):
+        asked = cfg.dataset.name + (f":{version}" if version else "")
+        raise ConfigError(f"--staged {staged_file} holds dataset {staged.key!r}, but the "
+                          f"config asks for {asked!r}: stage this config's dataset, or "
+                          "leave --staged out")
+    staging.verify(staged)
+    log.info("using the staged dataset %s from %s", staged.key, staged_file)
+    return staged
