@@ -52,6 +52,14 @@ def subprocess_env(options: S3Options | None) -> dict[str, str]:
     return {k: v for k, v in env.items() if v}
 
 
+def child_env(cfg: Any, conn_id: str) -> dict[str, str]:
+    """The credentials a step's child process gets, for the run's first s3:// location
+    (the store, the backbone's weights, the holdout, the team's data): one connection."""
+    uris = (cfg.storage.store_uri, cfg.model.weights, cfg.promotion.holdout_uri,
+            cfg.dataset.uri)
+    return subprocess_env(s3_options(next((u for u in uris if is_s3(u)), ""), conn_id))
+
+
 def open_registry(cfg: Any, conn_id: str) -> Any:
     """The model registry on the run's store, with the connection's credentials."""
     from training.registry.versions import open_registry as library_open_registry

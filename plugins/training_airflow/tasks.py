@@ -1,8 +1,10 @@
 """The DAG's steps: one operator each, one library call each.
 
 No step imports TensorFlow or tensorflow-datasets in the Airflow task process: what
-needs them runs as ``python -m training ...`` in a child process (``launchers.py``), so
-a task costs its process start and its work, not a 10-16 s import. ``Step`` is what
+needs them runs as ``python -m training ...`` in a child process (``Step.run_command``:
+``training.launch.command.TrainingCommand`` with the connection's credentials in its
+environment; exit 2, a configuration no retry can fix, fails the task without
+retries), so a task costs its process start and its work, not a 10-16 s import. ``Step`` is what
 every step does around its work: its imports (timed), this worker's deployment
 (``training.deployment``), the run's config, a timing line first and last, and a record
 of what it did in the run directory (``records.py``, read back by ``tools/summary.py``).
@@ -14,9 +16,10 @@ Each operator is one step of ``training.steps`` (the order, the inputs and the
   ``python -m training stage`` in a child process; XCom: the staged dataset.
 - ``ValidateOperator``: ``steps.validate.validate_data``: skipped when nothing is
   new, failed with every reason when the data fails a check; XCom: its statistics.
-- ``TrainOperator``: the run's launcher (``launchers.py``: a subprocess here, or a Job on
-  Kubernetes) trains on the staged dataset it is handed; the local one evaluates in the
-  same process; XCom: the run directory.
+- ``TrainOperator``: ``launcher=local``: ``python -m training train --evaluate`` in a
+  child process (training, then evaluation: TensorFlow loads once per run); another
+  launcher (``launchers.py``: a Job on Kubernetes) trains on the staged dataset it is
+  handed; XCom: the run directory.
 - ``EvaluateOperator``: ``steps.evaluate.evaluated``: the evaluation the training
   process wrote, if it still stands, else ``python -m training evaluate`` in a child.
 - ``PublishOperator``, ``PromoteOperator``: ``steps.publish`` and ``steps.promote``
@@ -39,13 +42,11 @@ model steps carry the "Model version" extra link (``links.py``).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from typing import Any
 
 from airflow.sdk import BaseOperator
 
 from training.deployment import Deployment
-from training.launch.child import Child
 from training_airflow.links import VERSION_XCOM, ModelVersionLink
 from training_airflow.params import config_for
 
@@ -58,18 +59,42 @@ class Step(BaseOperator):
     a timing line first and last in the log, and a record of what it did in the run
     directory (``records.py``). Subclasses say what the step needs (``imports``) and
     does (``work``). No step imports TensorFlow or tfds: what needs them runs in a
-    child process (``launchers.run_training_command``)."""
+    child process (``run_command``)."""
 
     imports: tuple[str, ...] = ()
     builds_config = False  # the run's first step: builds, checks and freezes the config
-    child: Child | None = None  # a child process the step runs (launchers.run_child)
+    launch: Any = None  # what the step started (training.launch: run, then stop on kill)
     deployment: Deployment  # this worker's (training.deployment), read as the step starts
     frozen: dict[str, str]  # the run's frozen config file: {"path", "sha256"}
 
+    def run_command(self, cfg: Any, command: str, *, staged: Any = None,
+                    data_stats: Any = None, flags: tuple[str, ...] = ()) -> dict[str, Any]:
+        """``python -m training COMMAND`` for this run as the task's child, on the run's
+        frozen config, the connection's credentials in its environment, its lines in
+        the task log, in the task's working directory (a relative ``data_uri`` means
+        there what it means here); what it printed as JSON. Exit 2 fails the task
+        without retries."""
+        from airflow.sdk.exceptions import AirflowFailException
+
+        from training.errors import ConfigError
+        from training.launch.command import TrainingCommand
+        from training_airflow.store import child_env
+
+        self.launch = TrainingCommand(
+            command, self.frozen["path"], output_dir=cfg.storage.output_dir,
+            run_id=cfg.run_id, staged=staged, data_stats=data_stats, flags=flags,
+            env=child_env(cfg, self.deployment.aws_conn_id), cwd=os.getcwd())
+        self.log.info("starting %s (TensorFlow loads in it, about 15 s): %s", command,
+                      " ".join(self.launch.argv()))
+        try:
+            return self.launch.run(lambda line: self.log.info("%s", line))
+        except ConfigError as exc:
+            raise AirflowFailException(str(exc)) from exc
+
     def on_kill(self) -> None:
-        if self.child is not None and self.child.running():
-            self.log.info("sending SIGTERM to the child process group")
-            self.child.stop()
+        if self.launch is not None:
+            self.log.info("stopping %s", type(self.launch).__name__)
+            self.launch.stop()
 
     def execute(self, context: Any) -> Any:
         import importlib
@@ -171,14 +196,13 @@ class StageOperator(Step):
 
     def work(self, cfg: Any, context: Any) -> dict[str, Any]:
         from training.steps import stage
-        from training_airflow.launchers import run_training_command
         from training_airflow.store import s3_options
 
         staged = stage.cached(cfg, s3_options(cfg.dataset.uri, self.deployment.aws_conn_id))
         if staged is not None:
             result = staged.to_dict()
         else:
-            result = run_training_command(self, cfg, "stage")["staged"]
+            result = self.run_command(cfg, "stage")["staged"]
         for asset in self.outlets:
             context["outlet_events"][asset].extra = result
         return result
@@ -186,33 +210,30 @@ class StageOperator(Step):
 
 class TrainOperator(Step):
     """Train the run's model on the staged dataset (``stage_dataset``'s XCom) with the
-    launcher its params ask for; XCom: the run dir. The local launcher also evaluates
+    launcher its params ask for; XCom: the run dir. ``launcher=local`` also evaluates
     in the same child process (``validate_data``'s statistics handed over), so
     TensorFlow loads once per run."""
 
     template_fields = ("staged", "validated")
-    imports = ("training_airflow.launchers",)
+    imports = ("training.launch.command", "training_airflow.store")
     ui_color = "#ffd8a8"
 
     def __init__(self, *, staged: Any, validated: Any = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.staged, self.validated = staged, validated
-        self.stop: Callable[[], None] | None = None  # set by launchers with their own kill
 
     def work(self, cfg: Any, context: Any) -> dict[str, Any]:
-        from training_airflow.launchers import LAUNCHERS
-
-        launch = LAUNCHERS[cfg.runtime.launcher]
         self.log.info("launching %s training for run %s (%s, %d worker(s))",
                       cfg.runtime.launcher, cfg.run_id, cfg.runtime.accelerator,
                       cfg.runtime.workers)
-        return launch(self, cfg, context)
+        if cfg.runtime.launcher == "local":
+            self.run_command(cfg, "train", staged=self.staged,
+                             data_stats=(self.validated or {}).get("data_stats"),
+                             flags=("--evaluate",))
+            return {"run_id": cfg.run_id, "run_dir": os.fspath(cfg.run_dir())}
+        from training_airflow.launchers import LAUNCHERS
 
-    def on_kill(self) -> None:
-        if self.stop is not None:
-            self.stop()
-        else:
-            super().on_kill()
+        return LAUNCHERS[cfg.runtime.launcher](self, cfg, context)
 
 
 class ValidateOperator(Step):
@@ -266,15 +287,14 @@ class EvaluateOperator(_ModelStep):
         from training.data.staging import StagedDataset
         from training.errors import LaunchError
         from training.steps import evaluate
-        from training_airflow.launchers import run_training_command
 
         if os.path.realpath(self.trained["run_dir"]) != os.path.realpath(cfg.run_dir()):
             raise LaunchError(f"train reported run directory {self.trained['run_dir']}, "
                               f"this run's is {cfg.run_dir()}")
 
         def in_a_child() -> dict[str, Any]:
-            run_training_command(self, cfg, "evaluate", staged=self.staged,
-                                 data_stats=(self.validated or {}).get("data_stats"))
+            self.run_command(cfg, "evaluate", staged=self.staged,
+                             data_stats=(self.validated or {}).get("data_stats"))
             return evaluate.read_evaluation(cfg)
 
         evaluation = evaluate.evaluated(cfg, StagedDataset.from_dict(self.staged), registry,

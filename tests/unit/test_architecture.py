@@ -114,7 +114,7 @@ ENVIRONMENT_READERS = {
     "training/locks.py": "the run claims a parent hands its child (TRAINING_CLAIMS_HELD)",
     "training/train/keras_patches/__init__.py": "TRAINING_KERAS_COMPAT, a worker's switch "
                                                 "for the patches",
-    "plugins/training_airflow/launchers.py": "a step's child inherits the task's environment",
+    "training/launch/command.py": "a step's child inherits the task's environment",
     "plugins/training_airflow/preflight.py": "the checks are of the environment itself",
 }
 

@@ -20,12 +20,10 @@ REAL = [
 
 
 def test_a_child_process_noise_is_dropped_from_the_task_log_and_the_rest_passes():
-    """``launchers.run_child`` over ``training.launch.child``: how a child's output
-    (TensorFlow loads only in children) reaches the task log; its exit code, its
-    ``error:`` line and its JSON lines."""
-    import logging
-
-    from training_airflow.launchers import run_child
+    """``training.launch.child.Child``: how a child's output (TensorFlow loads only in
+    children) reaches the task log; its exit code, its ``error:`` line and its JSON
+    lines."""
+    from training.launch.child import Child
 
     lines = [*NOISE[:1], REAL[0], *NOISE[1:], REAL[1], '{"staged": {"key": "k"}}',
              "error: the last word"]
@@ -36,18 +34,7 @@ def test_a_child_process_noise_is_dropped_from_the_task_log_and_the_rest_passes(
         raise SystemExit(3)
     """)
     logged: list[str] = []
-
-    class Collect(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            logged.append(record.getMessage())
-
-    class Operator:
-        log = logging.getLogger("test_child_output.task")
-        child = None
-
-    Operator.log.addHandler(Collect())
-    Operator.log.setLevel(logging.INFO)  # whatever the root logger's level is
-    ended = run_child(Operator(), [sys.executable, "-c", script], env={}, cwd=".")
+    ended = Child([sys.executable, "-c", script], env={}, cwd=".").run(logged.append)
     assert (ended.code, ended.error, ended.results) == (
         3, "error: the last word", {"staged": {"key": "k"}})
     assert logged == [REAL[0], *lines[-3:]]  # every line but the noise, in order

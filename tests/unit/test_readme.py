@@ -1,6 +1,7 @@
 """The configuration reference (docs/) is the generated one; the README's test command
 is CI's."""
 
+import itertools
 from pathlib import Path
 
 from training.cli import markdown_table
@@ -64,7 +65,7 @@ def test_the_trigger_walk_through_names_six_files_that_call_each_other_in_order(
     assert 1 < len(files) <= 6, files
     assert all(path.is_file() for path in files), files
     assert files[0].name == "params.py" and "model.fit(" in files[-1].read_text()
-    for source, target in zip(files, files[1:]):
+    for source, target in itertools.pairwise(files):
         # params.py is called by the next file (the operators build the config with it);
         # from there on each file calls the next.
         caller, callee = (target, source) if source == files[0] else (source, target)

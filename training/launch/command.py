@@ -1,0 +1,80 @@
+"""One step of a run as a child process: ``python -m training COMMAND`` on its frozen config.
+
+What an Airflow task runs where TensorFlow is needed (``stage`` when the dataset is
+not cached yet, ``train --evaluate`` for ``launcher=local``, ``evaluate`` when the
+evaluation no longer stands), so that the task process never loads it. The run's frozen
+config goes with ``--config`` (``training.config.frozen``); what the steps before
+returned (the staged dataset, the data statistics) goes in files beside the run
+directory (``--staged``, ``--data-stats``); the store's credentials go in the
+environment only, never on the command line.
+
+``TrainingCommand`` has the launchers' interface: ``run`` starts it (``child.Child``: its
+own process group, its lines streamed without TensorFlow's CUDA noise) and returns
+what it printed as JSON; ``stop`` (a task killed or timed out) sends SIGTERM to its
+group. Its exit code decides: 0 returns, 2 raises ``ConfigError`` (a configuration no
+retry can fix), anything else ``LaunchError``; each message carries the child's
+``error:`` line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from training.errors import CONFIG_ERROR_EXIT, ConfigError, LaunchError
+from training.launch.child import Child
+
+
+class TrainingCommand:
+    """``python -m training COMMAND --config CONFIG`` for run ``run_id``."""
+
+    def __init__(self, command: str, config: str | os.PathLike[str], *,
+                 output_dir: str | os.PathLike[str], run_id: str,
+                 staged: Mapping[str, Any] | None = None,
+                 data_stats: Mapping[str, Any] | None = None, flags: Sequence[str] = (),
+                 env: Mapping[str, str] | None = None, cwd: str | None = None,
+                 python: str = sys.executable) -> None:
+        self.command, self.config = command, os.fspath(config)
+        self.output_dir, self.run_id = Path(output_dir), run_id
+        self.inputs = {"--staged": staged, "--data-stats": data_stats}
+        self.flags, self.python = list(flags), python
+        self.env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1",
+                    **(env or {})}
+        self.cwd = cwd or os.getcwd()
+        self.child: Child | None = None
+
+    def argv(self) -> list[str]:
+        """The command line; writes the steps' inputs beside the run directory."""
+        args = [self.python, "-m", "training", self.command, "--config", self.config]
+        for flag, value in self.inputs.items():
+            if value is not None:
+                self.output_dir.mkdir(parents=True, exist_ok=True)
+                path = self.output_dir / f"{self.run_id}.{flag[2:]}.json"
+                path.write_text(json.dumps(value))
+                args += [flag, os.fspath(path)]
+        return [*args, *self.flags]
+
+    def run(self, on_line: Callable[[str], None]) -> dict[str, Any]:
+        """Run it to its end, its lines to ``on_line``; what it printed as JSON."""
+        self.child = Child(self.argv(), self.env, self.cwd)
+        ended = self.child.run(on_line)
+        what = "training" if self.command == "train" else f"`{self.command}`"
+        if ended.code == CONFIG_ERROR_EXIT:
+            raise ConfigError(f"{what} refused its configuration (exit {ended.code}, not "
+                              f"retried): {ended.error or 'no error line'}")
+        if ended.code != 0:
+            raise LaunchError(f"{what} exited with code {ended.code}: "
+                              f"{ended.error or 'no error line; see the log above'}")
+        return ended.results
+
+    def running(self) -> bool:
+        return self.child is not None and self.child.running()
+
+    def stop(self) -> None:
+        """SIGTERM to its process group, if it runs."""
+        if self.child is not None:
+            self.child.stop()
