@@ -98,7 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "every reason when a check fails.",
         "train": "Stage (cached), verify and train; write the run directory.",
         "evaluate": "Evaluate the run's model and the production model on the test "
-                    "split; decide; write evaluation.json.",
+                    "split; decide; write evaluation.json (kept while what it was made "
+                    "from is unchanged).",
         "publish": "Publish the run's model as a version in the store; promote it if the "
                    "evaluation decided so.",
         "run": "stage, validate, train, evaluate, publish and promote in one process.",
