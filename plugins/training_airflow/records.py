@@ -18,7 +18,7 @@ last::
   the DAG run started) to the task instance's start: the executor's queue;
 - started: from the task instance's start to the operator's ``execute``: the task
   process, the DAG file's parse, the context;
-- imports: the step's library modules (``_Step.imports`` in ``tasks.py``);
+- imports: the step's library modules (``Step.imports`` in ``tasks.py``);
 - work: the step itself, child processes included.
 
 Airflow's task processes do not know when the task was queued; the upstream records

@@ -12,6 +12,7 @@ fix), ``stop`` from another thread (a task killed, timed out, its worker shut do
   Service and an Indexed Job of ``runtime.workers`` pods, on CPU, GPU or GKE TPU nodes.
 
 Every launcher trains on the same validated config; none imports TensorFlow or
-Airflow. The Airflow tasks use them through ``plugins/training_airflow/launchers.py``,
-which only adds the connections' credentials and clients.
+Airflow. The Airflow tasks use them through ``Step.run_command`` (``tasks.py``) and
+``launchers.py`` in ``plugins/training_airflow/``, which only add the connections'
+credentials and clients.
 """

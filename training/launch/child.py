@@ -1,7 +1,7 @@
 """One child process of a step, ``python -m training COMMAND``: started, streamed, stopped.
 
 An Airflow task never loads TensorFlow; what needs it runs as a child process of the
-task (``training_airflow.launchers``). ``Child`` starts it in its own process group in
+task (``training.launch.command.TrainingCommand``). ``Child`` starts it in its own process group in
 the given working directory, hands every line it prints to ``on_line`` as it comes
 (stdout and stderr as one stream), except TensorFlow's CUDA probing noise, and returns
 its exit code, its last ``error:`` line and the JSON objects it printed, one per line,

@@ -6,8 +6,8 @@
   ``training.launch.worker`` trains and reports its final weights' digest;
 - otherwise this process: ``training.train.fit``.
 
-(On Airflow the ``train`` task runs this in a child process or a Job: the run's
-launcher, ``plugins/training_airflow/launchers.py``.) Already done for this run?
+(On Airflow the ``train`` task runs this in a child process, ``Step.run_command`` in
+``plugins/training_airflow/tasks.py``, or in a Job, ``launchers.py``.) Already done for this run?
 ``training.train.fit.already_trained``: a run whose ``trained.json`` is written is
 never trained again, and one trained with other settings is refused.
 """
