@@ -34,7 +34,7 @@ from datetime import timedelta
 import pendulum
 from airflow.sdk import DAG, AssetOrTimeSchedule, CronTriggerTimetable
 
-from training.deployment import Deployment
+from training.deployment import schedule_from_env
 from training_airflow.assets import LABELLED_DATA, PRODUCTION_MODEL, STAGED_DATASET
 from training_airflow.params import dag_params
 from training_airflow.tasks import (
@@ -47,7 +47,7 @@ from training_airflow.tasks import (
 )
 
 # On the cron OR on every landing of labelled data; on the landings only without a cron.
-CRON = Deployment.from_env().schedule
+CRON = schedule_from_env()
 SCHEDULE = (AssetOrTimeSchedule(timetable=CronTriggerTimetable(CRON, timezone="UTC"),
                                 assets=LABELLED_DATA) if CRON else LABELLED_DATA)
 

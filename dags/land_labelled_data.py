@@ -25,10 +25,10 @@ from datetime import timedelta
 import pendulum
 from airflow.sdk import DAG, Param, task
 
-from training.deployment import Deployment
+from training.deployment import aws_conn_id_from_env, landing_from_env
 from training_airflow.assets import LABELLED_DATA
 
-DEPLOYMENT = Deployment.from_env()
+INCOMING_DIR, DATA_URI = landing_from_env()
 
 with DAG(
     dag_id="land_labelled_data",
@@ -42,10 +42,10 @@ with DAG(
         "partition": Param(None, type=["null", "string"], title="Partition",
                            description="The day to land, dt=YYYY-MM-DD (like dt=2026-11-28); "
                                        "empty: the day before the run's date (UTC)."),
-        "source_dir": Param(DEPLOYMENT.incoming_dir, type="string", minLength=1,
+        "source_dir": Param(INCOMING_DIR, type="string", minLength=1,
                             title="Source directory",
                             description="Directory holding <partition>/<label>/<image file>."),
-        "data_uri": Param(DEPLOYMENT.data_uri, type="string", minLength=1, title="Data store",
+        "data_uri": Param(DATA_URI, type="string", minLength=1, title="Data store",
                           description="Where partitions land: a directory or "
                                       "s3://bucket/prefix."),
     },
@@ -74,7 +74,7 @@ with DAG(
         try:
             result = landing.land(params["source_dir"], params["data_uri"], partition,
                                   store_options=s3_options(params["data_uri"],
-                                                           Deployment.from_env().aws_conn_id))
+                                                           aws_conn_id_from_env()))
         except (ConfigError, DatasetError) as exc:  # the input is wrong: no retry fixes it
             raise AirflowFailException(str(exc)) from exc
         outlet_events[LABELLED_DATA].extra = {key: result[key]

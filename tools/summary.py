@@ -16,13 +16,17 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from training.deployment import Deployment
+from training.errors import ConfigError
 from training_airflow import records
 
 DAG_ID = "keras_retrain"
 
 
 def latest_run_summary(dag_id: str = DAG_ID, env: Mapping[str, str] = os.environ) -> dict:
-    output_dir = Path(Deployment.from_env(env).output_dir)
+    try:
+        output_dir = Path(Deployment.from_env(env).output_dir)
+    except ConfigError as exc:
+        raise SystemExit(f"error: {exc}") from None
     run = records.latest_run(output_dir, dag_id)
     if run is None:
         raise SystemExit(f"error: no run of {dag_id} has left its records under {output_dir}")

@@ -201,7 +201,7 @@ def _run_steps(args: argparse.Namespace, cfg: RunConfig, staged: Any) -> int:
     registry = open_registry(cfg.storage.store_uri)
     if args.command in ("train", "evaluate", "run"):
         evaluation = evaluate.evaluated(
-            cfg, staged, registry,
+            cfg, staged, registry, data_stats=data_stats,
             evaluate_now=lambda: evaluate.evaluate(cfg, staged, registry,
                                                    data_stats=data_stats))
         print(json.dumps({"evaluation": str(layout.model_dir(cfg.run_dir()) / layout.EVALUATION),

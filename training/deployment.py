@@ -5,8 +5,12 @@ deployment says where data, runs and the model store live, which Airflow connect
 hold the credentials, which Celery queues the accelerators listen on, and how the
 nightly DAG is scheduled. They come from the environment of the Airflow components
 (``TRAINING_*``, docs/configuration.md) and are read in one place, ``Deployment.
-from_env``: the tasks, the Models page, the landing DAG and the routing policy all use
-what it returns, so two of them never disagree about where the store is.
+from_env``: the tasks, the Models page and preflight use what it returns, so two of them
+never disagree about where the store is. The DAG files and the routing policy, which run
+while Airflow parses DAGs and queues tasks, read only their own variables through the
+functions at the end (``schedule_from_env``, ``queue_from_env``, ``landing_from_env``)
+with the same defaults, so a wrong store URI fails the first task that needs the store
+and never the parsing of every DAG.
 
 Variables (empty counts as unset):
 
@@ -65,39 +69,34 @@ class Deployment:
     def from_env(cls, env: Mapping[str, str] | None = None) -> Deployment:
         """The deployment this process runs in (``env``, default ``os.environ``); a
         ConfigError names the variable, the value and what is allowed."""
-        env = os.environ if env is None else env
-
-        def get(name: str, default: str) -> str:
-            return env.get(name) or default
-
-        home = Path(get("AIRFLOW_HOME", os.fspath(Path.home() / "airflow")))
-        data = Path(get("TRAINING_DATA_DIR", os.fspath(home / "training")))
+        read = _Environment(env)
         try:
-            store = StoreURI.parse(get("TRAINING_STORE_URI", os.fspath(data / "store")),
+            store = StoreURI.parse(read.get("TRAINING_STORE_URI",
+                                            os.fspath(read.data_dir / "store")),
                                    field="TRAINING_STORE_URI")
         except StorageError as exc:
             raise ConfigError(str(exc)) from None
-        limit = env.get("TRAINING_MAX_VERSION_MB") or None
+        limit = read.env.get("TRAINING_MAX_VERSION_MB") or None
         if limit is not None:
             try:
                 limit = int(limit)
             except ValueError:
                 raise ConfigError("TRAINING_MAX_VERSION_MB must be a whole number of MiB, "
-                                  f"got {env['TRAINING_MAX_VERSION_MB']!r}") from None
+                                  f"got {limit!r}") from None
+        incoming_dir, data_uri = landing_from_env(env)
         return cls(
-            data_dir=data,
-            staging_dir=get("TRAINING_STAGING_DIR", os.fspath(data / "datasets")),
-            output_dir=get("TRAINING_OUTPUT_DIR", os.fspath(data / "runs")),
+            data_dir=read.data_dir,
+            staging_dir=read.get("TRAINING_STAGING_DIR", os.fspath(read.data_dir / "datasets")),
+            output_dir=read.get("TRAINING_OUTPUT_DIR", os.fspath(read.data_dir / "runs")),
             store=store,
             max_version_mb=limit,
-            incoming_dir=get("TRAINING_INCOMING_DIR", os.fspath(data / "incoming")),
-            data_uri=get("TRAINING_DATA_URI", os.fspath(data / "labelled")),
-            aws_conn_id=get("TRAINING_AWS_CONN_ID", "aws_default"),
-            kubernetes_conn_id=get("TRAINING_K8S_CONN_ID", "kubernetes_default"),
-            queues={"gpu": get("TRAINING_GPU_QUEUE", "gpu"),
-                    "tpu": get("TRAINING_TPU_QUEUE", "tpu")},
-            schedule=env.get("TRAINING_SCHEDULE", DEFAULT_SCHEDULE),
-            kubernetes_env={k: v for k, v in env.items() if k.startswith(K8S_PREFIX)},
+            incoming_dir=incoming_dir,
+            data_uri=data_uri,
+            aws_conn_id=aws_conn_id_from_env(env),
+            kubernetes_conn_id=read.get("TRAINING_K8S_CONN_ID", "kubernetes_default"),
+            queues=_queues(read),
+            schedule=schedule_from_env(env),
+            kubernetes_env={k: v for k, v in read.env.items() if k.startswith(K8S_PREFIX)},
         )
 
     def run_settings(self) -> dict[str, Any]:
@@ -113,3 +112,49 @@ class Deployment:
     def queue_for(self, accelerator: Any) -> str | None:
         """The Celery queue of a ``train`` task on ``accelerator``; None: its own."""
         return self.queues.get(accelerator) if isinstance(accelerator, str) else None
+
+
+# What a DAG file and the scheduler's policy read. They run while Airflow parses DAGs
+# and queues tasks, so they read only their own variables, none of which can be wrong:
+# a typo in TRAINING_STORE_URI fails the first task that needs the store, with its
+# message, and never the parsing of every DAG or the queueing of every task.
+
+
+class _Environment:
+    """Reads ``TRAINING_*`` variables; empty counts as unset."""
+
+    def __init__(self, env: Mapping[str, str] | None) -> None:
+        self.env = os.environ if env is None else env
+        home = Path(self.get("AIRFLOW_HOME", os.fspath(Path.home() / "airflow")))
+        self.data_dir = Path(self.get("TRAINING_DATA_DIR", os.fspath(home / "training")))
+
+    def get(self, name: str, default: str) -> str:
+        return self.env.get(name) or default
+
+
+def _queues(read: _Environment) -> dict[str, str]:
+    return {"gpu": read.get("TRAINING_GPU_QUEUE", "gpu"),
+            "tpu": read.get("TRAINING_TPU_QUEUE", "tpu")}
+
+
+def schedule_from_env(env: Mapping[str, str] | None = None) -> str:
+    """The nightly cron of ``keras_retrain`` (set and empty: none)."""
+    return _Environment(env).env.get("TRAINING_SCHEDULE", DEFAULT_SCHEDULE)
+
+
+def queue_from_env(accelerator: Any, env: Mapping[str, str] | None = None) -> str | None:
+    """The Celery queue of a ``train`` task on ``accelerator``; None: its own."""
+    return _queues(_Environment(env)).get(accelerator) if isinstance(accelerator, str) \
+        else None
+
+
+def landing_from_env(env: Mapping[str, str] | None = None) -> tuple[str, str]:
+    """Where ``land_labelled_data`` reads a day's images and where it lands them."""
+    read = _Environment(env)
+    return (read.get("TRAINING_INCOMING_DIR", os.fspath(read.data_dir / "incoming")),
+            read.get("TRAINING_DATA_URI", os.fspath(read.data_dir / "labelled")))
+
+
+def aws_conn_id_from_env(env: Mapping[str, str] | None = None) -> str:
+    """The Airflow connection for ``s3://`` locations."""
+    return _Environment(env).get("TRAINING_AWS_CONN_ID", "aws_default")

@@ -12,7 +12,8 @@ for every task instance it creates or re-queues; a manual run whose conf says
 where only Celery workers with that
 hardware listen (``airflow celery worker --queues gpu``). Scheduled runs use the
 form's default (``cpu``) and the task's own queue. Queue names are the deployment's
-(``training.deployment``: ``TRAINING_GPU_QUEUE`` / ``TRAINING_TPU_QUEUE``).
+(``training.deployment.queue_from_env``: ``TRAINING_GPU_QUEUE`` / ``TRAINING_TPU_QUEUE``;
+it reads only those, so no other setting can break the queueing of tasks).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any
 
 from airflow.policies import hookimpl
 
-from training.deployment import Deployment
+from training.deployment import queue_from_env
 
 TRAINING_TASK_IDS = {"train"}
 
@@ -31,7 +32,7 @@ TRAINING_TASK_IDS = {"train"}
 def task_instance_mutation_hook(task_instance: Any, dag_run: Any) -> None:
     if task_instance.task_id not in TRAINING_TASK_IDS or dag_run is None:
         return
-    queue = Deployment.from_env().queue_for((dag_run.conf or {}).get("accelerator"))
+    queue = queue_from_env((dag_run.conf or {}).get("accelerator"))
     if queue:
         task_instance.queue = queue
 

@@ -25,6 +25,7 @@ from collections.abc import Iterator, Mapping
 from urllib.parse import urlsplit, urlunsplit
 
 from training.deployment import Deployment
+from training.errors import ConfigError
 
 TIMEOUT_S = 5
 
@@ -110,7 +111,11 @@ def _connection(env: Mapping[str, str], conn_id: str) -> tuple[str, dict]:
 
 
 def check_store(env: Mapping[str, str]) -> str:
-    deployment = Deployment.from_env(env)
+    try:
+        deployment = Deployment.from_env(env)
+    except ConfigError as exc:  # the message starts with the variable's name
+        setting, _, what = str(exc).partition(" ")
+        raise PreflightError(setting.rstrip(":"), what) from None
     store, store_uri = deployment.store, deployment.store.text
     if not store.is_s3:
         return f"TRAINING_STORE_URI: {store_uri} is a local store"

@@ -30,9 +30,13 @@ Every step takes what the step before produced from its XCom (template fields ho
 once, by the run's first step (``builds_config``: ``stage_dataset``, from the params and
 the deployment, ``params.config_for``), frozen into the run directory
 (``training.config.frozen``) and handed on through XCom (key ``config``: its path and
-SHA-256). Every later step thaws that file, so no step re-derives a setting or a path
-from its own worker's environment, and a file changed since the first step wrote it
-fails the task without retries.
+SHA-256). Every later step thaws that file, so no step re-derives a run setting (what
+to train, where its data and store are) from its own worker's environment, and a file
+changed since the first step wrote it fails the task without retries. What belongs to
+the worker stays the worker's: the connection holding the store's credentials, the
+Kubernetes options, the queues. A run started before this hand-over existed has no
+``config`` XCom: its later tasks fail saying so, and clearing the run from its first
+task starts it again on a frozen config.
 
 Over 300 lines on purpose: the base step and the six operators are one idea, the DAG's
 steps, and a reader follows a trigger from the form to the launcher in one file. The
@@ -110,7 +114,7 @@ class Step(BaseOperator):
         for module in self.imports:
             importlib.import_module(module)
         imported = time.perf_counter() - began
-        self.deployment = Deployment.from_env()
+        self.deployment = self.read_deployment()
         cfg = self.run_config(context)
         ti, dag_run, run_dir = context.get("ti"), context.get("dag_run"), cfg.run_dir()
         if ti is None or dag_run is None or not self.has_dag():
@@ -135,6 +139,18 @@ class Step(BaseOperator):
             raise
         record("success", value)
         return value
+
+    @staticmethod
+    def read_deployment() -> Deployment:
+        """This worker's deployment; a wrong setting fails the task without retries."""
+        from airflow.sdk.exceptions import AirflowFailException
+
+        from training.errors import ConfigError
+
+        try:
+            return Deployment.from_env()
+        except ConfigError as exc:
+            raise AirflowFailException(str(exc)) from exc
 
     def run_config(self, context: Any) -> Any:
         """The run's config: built from the params and frozen by the run's first step
@@ -292,13 +308,14 @@ class EvaluateOperator(_ModelStep):
             raise LaunchError(f"train reported run directory {self.trained['run_dir']}, "
                               f"this run's is {cfg.run_dir()}")
 
+        data_stats = (self.validated or {}).get("data_stats")
+
         def in_a_child() -> dict[str, Any]:
-            self.run_command(cfg, "evaluate", staged=self.staged,
-                             data_stats=(self.validated or {}).get("data_stats"))
+            self.run_command(cfg, "evaluate", staged=self.staged, data_stats=data_stats)
             return evaluate.read_evaluation(cfg)
 
         evaluation = evaluate.evaluated(cfg, StagedDataset.from_dict(self.staged), registry,
-                                        evaluate_now=in_a_child)
+                                        data_stats=data_stats, evaluate_now=in_a_child)
         decision = evaluation["decision"]
         self.log.info("verdict for %s %s: %s%s; %s", cfg.model_name, cfg.run_id,
                       "promote" if decision["promote"] else "keep production",

@@ -84,13 +84,40 @@ def test_schedule_is_nightly_by_default_or_on_landed_data(dag):
     assert dag.timetable.timetable.expression == "0 3 * * *"  # AssetOrTimeSchedule
 
 
-def test_schedule_is_overridable_from_the_environment():
+def test_schedule_is_overridable_and_a_wrong_store_does_not_break_parsing():
+    """The DAG files read only their own variables: a typo in the store URI or the size
+    limit fails the first task that needs them (next test), never the parsing."""
     code = ("import os\nfrom airflow.dag_processing.dagbag import DagBag\n"
-            "print(DagBag(os.environ['AIRFLOW__CORE__DAGS_FOLDER'])"
-            ".dags['keras_retrain'].timetable.timetable.expression)")
+            "bag = DagBag(os.environ['AIRFLOW__CORE__DAGS_FOLDER'])\n"
+            "print(sorted(bag.import_errors), sorted(bag.dags))\n"
+            "print(bag.dags['keras_retrain'].timetable.timetable.expression)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env={**os.environ, "TRAINING_SCHEDULE": "30 1 * * 1-5"}, timeout=300)
-    assert proc.stdout.strip().splitlines()[-1] == "30 1 * * 1-5", proc.stderr[-2000:]
+                          env={**os.environ, "TRAINING_SCHEDULE": "30 1 * * 1-5",
+                               "TRAINING_STORE_URI": "gs://typo", "TRAINING_MAX_VERSION_MB": "x"},
+                          timeout=300)
+    errors, cron = proc.stdout.strip().splitlines()[-2:]
+    assert errors.startswith("[] ["), proc.stderr[-2000:]
+    assert "'keras_retrain'" in errors and "'land_labelled_data'" in errors
+    assert cron == "30 1 * * 1-5"
+
+
+def test_a_wrong_store_fails_the_task_at_once_and_routing_goes_on(dag, tmp_path,
+                                                                  monkeypatch):
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from training_airflow.policies import task_instance_mutation_hook
+
+    monkeypatch.setenv("TRAINING_DATA_DIR", str(tmp_path))
+    monkeypatch.setenv("TRAINING_STORE_URI", "gs://bucket/models")
+    with pytest.raises(AirflowFailException, match=(  # no retry fixes it
+            "TRAINING_STORE_URI scheme must be s3:// or file:// .* got 'gs://bucket/models'")):
+        dag.get_task("stage_dataset").execute(
+            {"params": dag.params.validate(), "run_id": "manual__2026-12-01T00:00:00+00:00"})
+    assert list(tmp_path.iterdir()) == []
+    train = SimpleNamespace(task_id="train", queue="default")
+    task_instance_mutation_hook(task_instance=train,
+                                dag_run=SimpleNamespace(conf={"accelerator": "gpu"}))
+    assert train.queue == "gpu"
 
 
 def test_default_params_validate_and_map_onto_the_default_config(dag):

@@ -19,6 +19,15 @@ pytestmark = pytest.mark.slow
 AT = "2026-11-30T03:00:00+00:00"
 
 
+def _copied_run(trained_run, run_id, tmp_path):
+    """A run ``run_id`` on a fresh local store, its directory a copy of the trained one."""
+    cfg, result = trained_run
+    run = cfg.with_overrides({"run_id": run_id, "store_uri": str(tmp_path / "store"),
+                              "min_accuracy": 0.5})
+    shutil.copytree(result.run_dir, run.run_dir())
+    return run, open_registry(run.storage.store_uri)
+
+
 def test_first_model_is_promoted_and_a_worse_or_equal_one_is_kept_out_with_reasons(
     trained_run, staged_digits, tmp_path
 ):
@@ -159,11 +168,7 @@ def test_an_evaluation_stands_until_what_it_was_made_of_changes(trained_run, sta
 
 def test_promotion_checks_the_model_with_keras_unless_its_evaluation_ran_that_file(
         trained_run, staged_digits, tmp_path):
-    cfg, result = trained_run
-    run = cfg.with_overrides({"run_id": "unchecked", "store_uri": str(tmp_path / "store"),
-                              "min_accuracy": 0.5})
-    shutil.copytree(result.run_dir, run.run_dir())
-    registry = open_registry(run.storage.store_uri)
+    run, registry = _copied_run(trained_run, "unchecked", tmp_path)
     evaluate.evaluate(run, staged_digits, registry)
     path = model_dir(run.run_dir()) / "evaluation.json"
     evaluation = json.loads(path.read_text())
@@ -176,11 +181,7 @@ def test_promotion_checks_the_model_with_keras_unless_its_evaluation_ran_that_fi
 def test_publish_uploads_what_the_steps_recorded_and_names_what_it_leaves_out(
     trained_run, staged_digits, tmp_path, caplog
 ):
-    cfg, result = trained_run
-    run = cfg.with_overrides({"run_id": "recorded", "store_uri": str(tmp_path / "store"),
-                              "min_accuracy": 0.5})
-    shutil.copytree(result.run_dir, run.run_dir())
-    registry = open_registry(run.storage.store_uri)
+    run, registry = _copied_run(trained_run, "recorded", tmp_path)
     evaluate.evaluate(run, staged_digits, registry)
     out = model_dir(run.run_dir())
     recorded = produced.read(run.run_dir())
@@ -205,3 +206,34 @@ def test_publish_uploads_what_the_steps_recorded_and_names_what_it_leaves_out(
     assert paths == sorted({f for files in recorded.values() for f in files})
     assert "stray.bin" not in paths
     assert "left out of the version, produced by no step: stray.bin (2.0 MiB)" in caplog.text
+
+
+def test_new_data_statistics_make_the_evaluation_again(trained_run, staged_digits, tmp_path):
+    run, registry = _copied_run(trained_run, "restats", tmp_path)
+    stats = {"examples": {"train": 1}, "note": "validate_data's"}
+    made = evaluate.evaluate(run, staged_digits, registry, data_stats=stats)
+    assert evaluate.already_evaluated(run, staged_digits, registry, data_stats=stats)[0] == made
+    assert evaluate.already_evaluated(run, staged_digits, registry)[0] == made  # none given
+    evaluation, why = evaluate.already_evaluated(run, staged_digits, registry,
+                                                 data_stats={**stats, "note": "new"})
+    assert evaluation is None and "other data statistics" in why, why
+
+
+def test_a_published_evaluation_is_written_back_for_publish(trained_run, staged_digits,
+                                                            tmp_path):
+    """The run's evaluation.json lost after publish: the evaluate step's rule finds the
+    published one, writes it back and records it, so publish goes on (no dead end)."""
+    run, registry = _copied_run(trained_run, "restored", tmp_path)
+    made = evaluate.evaluate(run, staged_digits, registry)
+    publish.publish(run, registry, created=AT)
+    local = model_dir(run.run_dir()) / "evaluation.json"
+    local.unlink()
+    records = run.run_dir() / "produced.json"
+    records.write_text(json.dumps({k: v for k, v in produced.read(run.run_dir()).items()
+                                   if k != "evaluate"}))
+    evaluation, why = evaluate.already_evaluated(run, staged_digits, registry)
+    assert evaluation == made and "already published" in why
+    assert json.loads(local.read_text()) == made
+    assert "evaluation.json" in produced.read(run.run_dir())["evaluate"]
+    assert evaluate.read_evaluation(run) == made
+    assert publish.publish(run, registry, created=AT)["version"] == run.run_id  # stands

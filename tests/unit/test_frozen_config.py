@@ -48,6 +48,10 @@ def test_a_frozen_config_changed_after_the_first_task_is_refused(tmp_path):
     path.unlink()
     with pytest.raises(ConfigError, match="cannot be read"):
         frozen.thaw(handed)
+    for malformed in ({"path": str(path)}, "run-config.json", None):
+        with pytest.raises(ConfigError, match=r"frozen config handed on is .*, not its path "
+                                              r"and SHA-256"):
+            frozen.thaw(malformed)
 
 
 def test_the_cli_checks_a_value_from_a_file_and_a_flag_once(tmp_path, monkeypatch):

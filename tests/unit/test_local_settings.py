@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tools.standalone import component_env
-from training_airflow.preflight import PreflightError, check_database, masked
+from training_airflow.preflight import PreflightError, check_database, check_store, masked
 
 
 def test_the_defaults_move_with_the_port():
@@ -60,3 +60,15 @@ def test_a_database_that_does_not_answer_is_one_line_without_the_password(tmp_pa
     message = str(refused.value)
     assert message.startswith("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN: cannot connect to sqlite")
     assert "\n" not in message
+
+
+@pytest.mark.parametrize("env, line", [
+    ({"TRAINING_STORE_URI": "gs://bucket"},
+     "TRAINING_STORE_URI: scheme must be s3:// or file:// (or a plain path), got 'gs://bucket'"),
+    ({"TRAINING_MAX_VERSION_MB": "1e3"},
+     "TRAINING_MAX_VERSION_MB: must be a whole number of MiB, got '1e3'"),
+])
+def test_a_wrong_store_setting_is_one_line_naming_the_variable(env, line):
+    with pytest.raises(PreflightError) as refused:
+        check_store(env)
+    assert (refused.value.setting, str(refused.value)) == (line.split(":")[0], line)

@@ -33,8 +33,11 @@ def test_inputs_go_in_files_and_credentials_only_in_the_environment(tmp_path):
     command = _command(tmp_path, body, staged={"name": "digits"}, flags=("--evaluate",),
                        env={"AWS_SECRET_ACCESS_KEY": "s3cret"})
     lines: list[str] = []
-    printed = command.run(lines.append)
+    logged = command.argv()  # what the operator logs; run() reuses it
     staged = tmp_path / "runs" / "night-1.staged.json"
+    staged.write_text('{"name": "digits"} ')  # a rewrite would drop the space
+    printed = command.run(lines.append)
+    assert staged.read_text() == '{"name": "digits"} ' and command.argv() == logged
     assert printed["argv"] == (f"-m training train --config {tmp_path / 'run-config.json'} "
                                f"--staged {staged} --evaluate")
     assert json.loads(staged.read_text()) == {"name": "digits"}

@@ -45,6 +45,10 @@ def freeze(cfg: RunConfig) -> dict[str, str]:
 def thaw(frozen: Mapping[str, Any]) -> RunConfig:
     """The config ``freeze`` wrote, read back from ``frozen["path"]``; ConfigError if the
     file is gone or its bytes are not the ones written (``frozen["sha256"]``)."""
+    if not isinstance(frozen, Mapping) or not {"path", "sha256"} <= set(frozen):
+        raise ConfigError(f"the run's frozen config handed on is {frozen!r}, not its path "
+                          "and SHA-256 ({'path': ..., 'sha256': ...}): run the run again "
+                          "from its first task")
     path, written = Path(frozen["path"]), frozen["sha256"]
     try:
         data = path.read_bytes()

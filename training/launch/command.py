@@ -46,9 +46,16 @@ class TrainingCommand:
                     **(env or {})}
         self.cwd = cwd or os.getcwd()
         self.child: Child | None = None
+        self._argv: list[str] | None = None
 
     def argv(self) -> list[str]:
-        """The command line; writes the steps' inputs beside the run directory."""
+        """The command line; the first call writes the steps' inputs beside the run
+        directory (logged, then run: written once)."""
+        if self._argv is None:
+            self._argv = self._written_argv()
+        return list(self._argv)
+
+    def _written_argv(self) -> list[str]:
         args = [self.python, "-m", "training", self.command, "--config", self.config]
         for flag, value in self.inputs.items():
             if value is not None:

@@ -5,8 +5,9 @@ also on that pinned holdout), decides (``training.registry.policy``), writes
 ``evaluation.json`` and the report into the model directory (so they are published with
 the version) and records them as produced. Already done for this run?
 ``already_evaluated``: the evaluation published with the version stands (a version is
-immutable); before publish, the run's ``evaluation.json`` stands while everything it
-was made from is unchanged (``standing_evaluation``: the model file, the data, the
+immutable), and is written back into the run directory as if made there; before
+publish, the run's ``evaluation.json`` stands while everything it was made from is
+unchanged (``standing_evaluation``: the model file, the data and its statistics, the
 policy, the holdout setting and the production version). ``evaluated`` applies that
 rule and evaluates only when it says no, the way the CLI and the Airflow task both do.
 """
@@ -92,9 +93,7 @@ def _evaluate(cfg: RunConfig, staged: StagedDataset, registry: ModelRegistry,
     if published is not None:
         # A re-run after publish: the version is immutable and its decision stands.
         log.info("%s %s is already published; its evaluation stands", name, cfg.run_id)
-        (out / layout.EVALUATION).write_text(json.dumps(published, indent=2) + "\n")
-        produced.record(run_dir, "evaluate", produced.EVALUATE)
-        return published
+        return _restored(run_dir, published)
     if data_stats is not None:  # validate_data's, published with the version
         (out / layout.DATA_STATS).write_text(json.dumps(data_stats, indent=2) + "\n")
     staging.verify(staged)
@@ -151,13 +150,25 @@ def _evaluate(cfg: RunConfig, staged: StagedDataset, registry: ModelRegistry,
     return evaluation
 
 
+def _restored(run_dir: Path, published: dict[str, Any]) -> dict[str, Any]:
+    """The published evaluation, back in the run directory as if made there (so
+    ``publish`` finds it after a lost local file), recorded as this step's output."""
+    out = model_dir(run_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / layout.EVALUATION).write_text(json.dumps(published, indent=2) + "\n")
+    produced.record(run_dir, "evaluate", produced.EVALUATE)
+    return published
+
+
 def standing_evaluation(cfg: RunConfig, staged: StagedDataset, registry: ModelRegistry,
-                        run_dir: str | os.PathLike[str] | None = None
+                        run_dir: str | os.PathLike[str] | None = None,
+                        data_stats: dict[str, Any] | None = None
                         ) -> tuple[dict[str, Any] | None, str]:
     """The run's ``evaluation.json`` if it still stands, read without TensorFlow; else
     None. It stands when it was made for this run, of the model file as it is now, on
-    this staged dataset, with this policy and holdout, against the version that is in
-    production now. Also says why (for the log)."""
+    this staged dataset (with ``data_stats``, when given, as its statistics), with this
+    policy and holdout, against the version that is in production now. Also says why
+    (for the log)."""
     out = model_dir(run_dir_of(cfg, run_dir))
     try:
         evaluation = json.loads((out / layout.EVALUATION).read_text())
@@ -179,10 +190,19 @@ def standing_evaluation(cfg: RunConfig, staged: StagedDataset, registry: ModelRe
         return None, f"the model file changed since ({out / layout.MODEL_FILE})"
     if bool(evaluation.get("holdout")) != bool(cfg.promotion.holdout_uri):
         return None, "the holdout setting changed"
+    if data_stats is not None and _json_or_none(out / layout.DATA_STATS) != data_stats:
+        return None, f"it was made with other data statistics ({out / layout.DATA_STATS})"
     if champion != production:
         return None, (f"it was made against production version {champion}, production is "
                       f"now {production}")
     return evaluation, f"made by this run's training process against production {champion}"
+
+
+def _json_or_none(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def _brief(metrics: dict[str, Any]) -> dict[str, Any]:
@@ -217,24 +237,27 @@ def published_evaluation(cfg: RunConfig, registry: ModelRegistry,
 
 
 def already_evaluated(cfg: RunConfig, staged: StagedDataset, registry: ModelRegistry,
-                      run_dir: str | os.PathLike[str] | None = None
+                      run_dir: str | os.PathLike[str] | None = None,
+                      data_stats: dict[str, Any] | None = None
                       ) -> tuple[dict[str, Any] | None, str]:
     """This step's "already done?" rule: (the evaluation that stands, why) or (None,
-    why it must be made again). Reads JSON only: no TensorFlow."""
+    why it must be made again). Reads JSON only: no TensorFlow. A published evaluation
+    is written back into the run directory (``_restored``)."""
     published = published_evaluation(cfg, registry)
     if published is not None:
-        return published, (f"{cfg.model_name} {cfg.run_id} is already published; its "
-                           "evaluation stands")
-    return standing_evaluation(cfg, staged, registry, run_dir)
+        return _restored(run_dir_of(cfg, run_dir), published), (
+            f"{cfg.model_name} {cfg.run_id} is already published; its evaluation stands")
+    return standing_evaluation(cfg, staged, registry, run_dir, data_stats)
 
 
 def evaluated(cfg: RunConfig, staged: StagedDataset, registry: ModelRegistry, *,
               run_dir: str | os.PathLike[str] | None = None,
+              data_stats: dict[str, Any] | None = None,
               evaluate_now: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     """The run's evaluation: the one that stands (``already_evaluated``), else what
     ``evaluate_now`` makes (``evaluate`` in this process, or in a child process for an
     Airflow task, which never loads TensorFlow itself)."""
-    evaluation, why = already_evaluated(cfg, staged, registry, run_dir)
+    evaluation, why = already_evaluated(cfg, staged, registry, run_dir, data_stats)
     if evaluation is not None:
         log.info("the evaluation stands: %s", why)
         return evaluation
