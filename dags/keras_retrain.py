@@ -5,7 +5,7 @@ Stages a dataset, trains a Keras model inside a `tf.distribute` strategy, evalua
 against the model in production on the same test split, publishes it as an immutable
 version and, if it wins, promotes it.
 
-`stage_dataset -> validate_data -> train -> evaluate -> publish -> promote`
+`stage_dataset -> validate_data -> train -> evaluate -> publish -> approve_promotion -> promote`
 
 * `validate_data` **skips** the run (train and everything after it) when production was
   trained on the same data with the same settings (`force_train` trains anyway), and
@@ -19,6 +19,11 @@ version and, if it wins, promotes it.
   before the run exists.
 * `promote` is **skipped** when the new model does not win; the reasons are in the
   `evaluate` task's log and XCom and in `evaluation.json` of the published version.
+* `approve_promotion` asks a person (the UI's *Required actions*) only when the run's
+  `require_approval` is on and the model won; a rejection or no answer within
+  `approval_timeout_minutes` skips `promote` and is recorded in the promotion history.
+* **Alerts** (docs/alerts.md): a failed task, a refused night, a promotion, a
+  rejection, and a run not finished `TRAINING_DEADLINE_MINUTES` after it was queued.
 * Assets: `training_staged_dataset` after staging, `training_production_model` after a
   promotion (schedule another DAG on it).
 * `evaluate`, `publish` and `promote` link to their model version on the Models page
@@ -32,9 +37,18 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pendulum
-from airflow.sdk import DAG, AssetOrTimeSchedule, CronTriggerTimetable
+from airflow.sdk import (
+    DAG,
+    AssetOrTimeSchedule,
+    AsyncCallback,
+    CronTriggerTimetable,
+    DeadlineAlert,
+    DeadlineReference,
+)
 
-from training.deployment import schedule_from_env
+from training.deployment import deadline_from_env, schedule_from_env
+from training_airflow.alerts import on_task_failure
+from training_airflow.approval import ApproveOperator
 from training_airflow.assets import LABELLED_DATA, PRODUCTION_MODEL, STAGED_DATASET
 from training_airflow.params import dag_params
 from training_airflow.tasks import (
@@ -50,6 +64,12 @@ from training_airflow.tasks import (
 CRON = schedule_from_env()
 SCHEDULE = (AssetOrTimeSchedule(timetable=CronTriggerTimetable(CRON, timezone="UTC"),
                                 assets=LABELLED_DATA) if CRON else LABELLED_DATA)
+# A run not finished this long after it was queued sends a "late" alert (the triggerer
+# runs the callback: alerts.deadline_missed).
+LATE = deadline_from_env()
+DEADLINE = DeadlineAlert(reference=DeadlineReference.DAGRUN_QUEUED_AT, interval=LATE,
+                         callback=AsyncCallback("training_airflow.alerts.deadline_missed"),
+                         name="keras_retrain late") if LATE else None
 
 with DAG(
     dag_id="keras_retrain",
@@ -60,6 +80,7 @@ with DAG(
     tags=["training", "keras", "nightly"],
     doc_md=__doc__,
     params=dag_params(),
+    deadline=DEADLINE,
     default_args={
         "owner": "ml-platform",
         "retries": 2,
@@ -67,6 +88,8 @@ with DAG(
         "retry_exponential_backoff": 2.0,
         "max_retry_delay": timedelta(minutes=30),
         "execution_timeout": timedelta(hours=1),
+        # Once a task has finally failed (after its retries): one alert (alerts.py).
+        "on_failure_callback": on_task_failure,
     },
 ) as dag:
 
@@ -78,5 +101,8 @@ with DAG(
     evaluation = EvaluateOperator(task_id="evaluate", staged=staged, trained=trained,
                                   validated=validated).output
     published = PublishOperator(task_id="publish", evaluation=evaluation).output
-    PromoteOperator(task_id="promote", published=published, outlets=[PRODUCTION_MODEL],
-                    execution_timeout=timedelta(minutes=10))
+    # Asks a person only when the run requires it and the model won (approval.py).
+    approval = ApproveOperator(task_id="approve_promotion", evaluation=evaluation,
+                               published=published).output
+    PromoteOperator(task_id="promote", published=published, approval=approval,
+                    outlets=[PRODUCTION_MODEL], execution_timeout=timedelta(minutes=10))

@@ -163,6 +163,11 @@ def execute(args: argparse.Namespace) -> int:
         _check_models_args(args)
         return _models(args)
     cfg = load_config(args)
+    if args.command in ("publish", "run") and cfg.promotion.require_approval:
+        raise ConfigError(
+            "promotion.require_approval is true, but the CLI has nobody to ask: run "
+            "the keras_retrain DAG to wait for a person's approval, or leave it false "
+            "and promote later with `python -m training models promote`")
     log.info("%s run %s: configuration valid; loading TensorFlow and tensorflow-datasets",
              args.command, cfg.run_id)
     from training.steps import stage  # heavy (tfds): after the config is valid

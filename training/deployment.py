@@ -29,8 +29,14 @@ Variables (empty counts as unset):
   ``training.launch.kubernetes.KubernetesOptions.from_env``);
 - ``TRAINING_GPU_QUEUE``, ``TRAINING_TPU_QUEUE``: the Celery queues ``train`` goes to
   for a GPU or TPU run (``gpu``, ``tpu``);
+- ``TRAINING_DEADLINE_MINUTES``: a ``keras_retrain`` run not finished this long after it
+  was queued sends a "late" alert (360; set and empty: no deadline);
 - ``TRAINING_SCHEDULE``: the nightly cron of ``keras_retrain`` (``0 3 * * *``; set and
-  empty: no cron, only landings start runs).
+  empty: no cron, only landings start runs);
+- ``TRAINING_ALERT_EMAIL_CONN_ID``, ``TRAINING_ALERT_WEBHOOK_CONN_ID``: the Airflow
+  connections alerts are sent through, an SMTP server and a JSON webhook
+  (``training_alerts_email``, ``training_alerts_webhook``; a connection that does not
+  exist sends nothing, docs/alerts.md).
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -45,12 +52,14 @@ from training.errors import ConfigError, StorageError
 from training.registry.uri import StoreURI
 
 DEFAULT_SCHEDULE = "0 3 * * *"
+DEFAULT_DEADLINE_MINUTES = 360
 K8S_PREFIX = "TRAINING_K8S_"
 
 
 @dataclass(frozen=True)
 class Deployment:
-    """The deployment's paths, store, connections, queues and schedule (module doc)."""
+    """The deployment's paths, store, connections, queues, schedule and alert
+    connections (module doc)."""
 
     data_dir: Path
     staging_dir: str
@@ -64,6 +73,8 @@ class Deployment:
     queues: Mapping[str, str] = field(default_factory=lambda: {"gpu": "gpu", "tpu": "tpu"})
     schedule: str = DEFAULT_SCHEDULE
     kubernetes_env: Mapping[str, str] = field(default_factory=dict)
+    alert_email_conn_id: str = "training_alerts_email"
+    alert_webhook_conn_id: str = "training_alerts_webhook"
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Deployment:
@@ -97,6 +108,8 @@ class Deployment:
             queues=_queues(read),
             schedule=schedule_from_env(env),
             kubernetes_env={k: v for k, v in read.env.items() if k.startswith(K8S_PREFIX)},
+            alert_email_conn_id=alert_conn_ids_from_env(env)[0],
+            alert_webhook_conn_id=alert_conn_ids_from_env(env)[1],
         )
 
     def run_settings(self) -> dict[str, Any]:
@@ -158,3 +171,30 @@ def landing_from_env(env: Mapping[str, str] | None = None) -> tuple[str, str]:
 def aws_conn_id_from_env(env: Mapping[str, str] | None = None) -> str:
     """The Airflow connection for ``s3://`` locations."""
     return _Environment(env).get("TRAINING_AWS_CONN_ID", "aws_default")
+
+
+def alert_conn_ids_from_env(env: Mapping[str, str] | None = None) -> tuple[str, str]:
+    """The connections alerts go through: (e-mail, webhook). Read alone by an alert sent
+    while another setting is wrong (that may be what it reports)."""
+    read = _Environment(env)
+    return (read.get("TRAINING_ALERT_EMAIL_CONN_ID", "training_alerts_email"),
+            read.get("TRAINING_ALERT_WEBHOOK_CONN_ID", "training_alerts_webhook"))
+
+
+def deadline_from_env(env: Mapping[str, str] | None = None) -> timedelta | None:
+    """How long after it is queued a ``keras_retrain`` run must have finished
+    (``TRAINING_DEADLINE_MINUTES``, default 360; set and empty: no deadline). A value
+    that is not a whole number of minutes from 1 is a ConfigError naming it: the DAG
+    file reads it, so the DAG shows it as its import error."""
+    read = _Environment(env)
+    text = read.env.get("TRAINING_DEADLINE_MINUTES", str(DEFAULT_DEADLINE_MINUTES))
+    if text == "":
+        return None
+    try:
+        minutes = int(text)
+        if minutes < 1:
+            raise ValueError
+    except ValueError:
+        raise ConfigError("TRAINING_DEADLINE_MINUTES must be a whole number of minutes from 1 "
+                          f"(or empty: no deadline), got {text!r}") from None
+    return timedelta(minutes=minutes)

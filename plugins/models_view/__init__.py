@@ -1,12 +1,15 @@
-"""Airflow plugin: a read-only "Models" page in the Airflow UI.
+"""Airflow plugin: a "Models" page in the Airflow UI.
 
 Two pieces, both through Airflow 3's plugin interface:
 
 - ``fastapi_apps``: a small FastAPI app that the api-server mounts at ``/models``. It
   renders every model of the deployment's store (``TRAINING_STORE_URI``, read with the
-  ``TRAINING_AWS_CONN_ID`` connection's credentials): the version in production, the
-  versions newest first with their key metrics, the promotion history, and each
-  version's report (``models/<name>/versions/<version>/report/``).
+  ``TRAINING_AWS_CONN_ID`` connection's credentials): the version in production, a plot
+  of each version's accuracy, the versions newest first with their key metrics and
+  dataset, the promotion history, each version's report
+  (``models/<name>/versions/<version>/report/``), two versions' settings side by side,
+  and a form per version that triggers the ``promote_model`` DAG (promote or roll back)
+  through Airflow's REST API as the user: the page itself never writes to the store.
 - ``external_views``: a "Models" entry in the UI's navigation that shows that app in the
   UI's frame (``/plugin/models``).
 
@@ -17,8 +20,8 @@ configured auth manager, which must also allow the user to see the "Models" view
 Every process that loads plugins (task runners included) imports this module, so the
 FastAPI app is built on the first request, in the api-server only: nothing heavy is
 imported here. Airflow loads each ``.py`` file of the plugins folder as a top-level
-module, so this file uses absolute imports and the app module is listed in this
-folder's ``.airflowignore``.
+module, so this file uses absolute imports, and the app's modules (``page.py``,
+``parts/``) are listed in ``.airflowignore`` files.
 """
 
 from __future__ import annotations

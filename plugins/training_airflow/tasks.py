@@ -346,25 +346,34 @@ class PublishOperator(_ModelStep):
 
 
 class PromoteOperator(_ModelStep):
-    """Moves the production pointer; skipped, with the reasons, when the model lost."""
+    """Moves the production pointer; skipped, with the reasons, when the model lost.
+    ``approval``: what ``approve_promotion`` returned (who approved, why); a promotion
+    sends an alert (``alerts.py``)."""
 
-    template_fields = ("published",)
+    template_fields = ("published", "approval")
     imports = ("training.steps.promote", "training_airflow.store")
     ui_color = "#fff3bf"
 
-    def __init__(self, *, published: Any, **kwargs: Any) -> None:
+    def __init__(self, *, published: Any, approval: Any = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.published = published
+        self.published, self.approval = published, approval
 
     def step(self, cfg: Any, registry: Any, context: Any) -> dict[str, Any]:
         from airflow.sdk.exceptions import AirflowSkipException
 
         from training.steps import promote
+        from training_airflow import alerts
+        from training_airflow.approval import request_links
 
         result = promote.promote(cfg, registry, at=context["dag_run"].run_after.isoformat(),
-                                  published=self.published)
+                                  published=self.published, approval=self.approval)
         if not result["promoted"]:
             raise AirflowSkipException("not promoted: " + "; ".join(result["reasons"]))
+        name, version = result["model_name"], result["version"]
+        dag_run = context["dag_run"]
+        alerts.send(alerts.promoted(name, version, result["previous"], result["reasons"],
+                                    result["by"], request_links(name, version),
+                                    dag_id=dag_run.dag_id, run_id=dag_run.run_id))
         for asset in self.outlets:
             context["outlet_events"][asset].extra = {**self.published,
                                                      "forced": result["forced"]}

@@ -22,10 +22,15 @@ EXPECTED_GRAPH = {
     "stage_dataset": {"validate_data", "train", "evaluate"},
     "validate_data": {"train", "evaluate"},
     "train": {"evaluate"},
-    "evaluate": {"publish"},
-    "publish": {"promote"},
+    "evaluate": {"publish", "approve_promotion"},
+    "publish": {"approve_promotion", "promote"},
+    "approve_promotion": {"promote"},
     "promote": set(),
 }
+# Tasks a person answers or asks for: a retry would ask again, or repeat a request that
+# was refused for its content; the approval's wait is bounded by its response_timeout.
+NOT_RETRIED = {("keras_retrain", "approve_promotion"),
+               ("promote_model", "move_production_pointer")}
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +63,7 @@ def test_parsing_imports_no_heavy_module_in_a_fresh_interpreter():
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert (result["errors"], result["heavy"]) == ([], [])
-    assert sorted(result["dags"]) == ["keras_retrain", "land_labelled_data"]
+    assert sorted(result["dags"]) == ["keras_retrain", "land_labelled_data", "promote_model"]
 
 
 def test_every_dag_follows_the_house_rules(dagbag):
@@ -69,6 +74,9 @@ def test_every_dag_follows_the_house_rules(dagbag):
         assert dag.doc_md, dag.dag_id
         for task in dag.tasks:
             assert task.owner and task.owner != "airflow", task.task_id
+            if (dag.dag_id, task.task_id) in NOT_RETRIED:
+                assert task.retries == 0, task.task_id
+                continue
             assert task.retries >= 1, task.task_id
             assert task.retry_exponential_backoff > 1, task.task_id
             assert isinstance(task.execution_timeout, timedelta), task.task_id
@@ -317,3 +325,55 @@ def test_own_data_runs_cover_the_days_that_are_over_when_the_run_starts():
     assert config_for(chosen).dataset.until == "2026-11-15"  # the form's value wins
     catalog = {**context, "params": {}}
     assert config_for(catalog).dataset.until is None  # a catalog dataset has no days
+
+
+@pytest.mark.parametrize(("require", "promote", "why"), [
+    (False, True, "promotion.require_approval is off"),
+    (True, False, "the model lost: below min_accuracy"),
+    (False, False, "promotion.require_approval is off"),
+])
+def test_approval_asks_only_when_required_and_the_model_won(dag, tmp_path, monkeypatch,
+                                                            require, promote, why):
+    """A model that loses (or a run that needs no approval) never reaches a person: the
+    task returns at once, before any request exists."""
+    from training.config import frozen
+    from training_airflow.params import config_for_run
+
+    monkeypatch.setenv("TRAINING_DATA_DIR", str(tmp_path))
+    cfg = config_for_run({**dag.params.validate(), "require_approval": require},
+                         "manual__2026-12-01T00:00:00+00:00")
+    handed = frozen.freeze(cfg)
+    task = copy.copy(dag.get_task("approve_promotion"))
+    task.evaluation = {"decision": {"promote": promote, "reasons": ["below min_accuracy"]}}
+    task.published = {"model_name": cfg.model_name, "version": cfg.run_id}
+    ti = SimpleNamespace(xcom_pull=lambda task_ids, key: handed if
+                         (task_ids, key) == ("stage_dataset", "config") else None)
+    assert task.execute({"ti": ti}) == {"asked": False, "why": why}
+
+
+def test_the_promote_model_form_needs_every_field(dagbag):
+    from airflow.sdk.exceptions import ParamValidationError
+
+    filled = {"model_name": "digits-mlp", "version": "v1", "action": "rollback",
+              "reason": "v2 misbehaves"}
+    params = copy.deepcopy(dagbag.dags["promote_model"].params)
+    for key, value in filled.items():
+        params[key] = value
+    assert params.validate() == filled
+    for key, value in (("reason", ""), ("action", "delete"), ("version", "")):
+        params = copy.deepcopy(dagbag.dags["promote_model"].params)
+        with pytest.raises(ParamValidationError, match=key):
+            params[key] = value
+            params.validate()
+
+
+def test_failures_and_late_runs_alert(dag):
+    from training_airflow.alerts import on_task_failure
+
+    for task in dag.tasks:
+        callbacks = task.on_failure_callback
+        callbacks = callbacks if isinstance(callbacks, list) else [callbacks]
+        assert callbacks == [on_task_failure], task.task_id
+    [late] = dag.deadline
+    assert late.interval == timedelta(minutes=360)
+    assert late.callback.path == "training_airflow.alerts.deadline_missed"

@@ -75,15 +75,16 @@ def test_publish_verify_promote_rollback_round_trip(registry, store, tmp_path):
     registry.promote("mnist", "v2", run_id="run2", at=T1, reason="better")
     assert len(registry.history("mnist")) == 2
 
-    registry.rollback("mnist", "v1", run_id="ops-1", at=T2, note="v2 misbehaves")
+    registry.rollback("mnist", "v1", run_id="ops-1", at=T2, note="v2 misbehaves", by="ana")
     assert registry.production("mnist") == "v1"
     history = registry.history("mnist")
-    assert [(h["from"], h["to"], h["reason"]) for h in history] == [
-        (None, "v1", "first model"),
-        ("v1", "v2", "better"),
-        ("v2", "v1", "rollback: v2 misbehaves"),
+    assert [(h["from"], h["to"], h["reason"], h["action"], h.get("by")) for h in history] == [
+        (None, "v1", "first model", "promoted", None),
+        ("v1", "v2", "better", "promoted", None),
+        ("v2", "v1", "rollback: v2 misbehaves", "rollback", "ana"),
     ]
-    assert all(set(h) == {"from", "to", "run_id", "at", "reason", "forced"} for h in history)
+    assert all(set(h) - {"by"} == {"from", "to", "run_id", "at", "reason", "forced", "action"}
+               for h in history)
 
     assert registry.list_models() == ["mnist"]
     versions = registry.list_versions("mnist")
@@ -333,3 +334,31 @@ def test_safe_loading_refuses_a_lambda_layer_and_loads_a_plain_model(registry, t
 
     with pytest.raises(RegistryError, match="refused by Keras safe_mode.*Lambda"):
         registry.load_model("unsafe", "v1", tmp_path / "dl-unsafe")
+
+
+def test_a_rejection_or_a_timeout_is_recorded_and_moves_nothing(registry, tmp_path):
+    registry.publish("mnist", "v1", make_output(tmp_path / "run1", "one"), run_id="run1",
+                     created=T0)
+    # Before anything was promoted: the pointer records the decision, production None.
+    registry.record_decision("mnist", "v1", action="rejected", run_id="run1", at=T0,
+                             reason="the confusion matrix looks wrong", by="ana")
+    assert registry.production("mnist") is None
+    registry.record_decision("mnist", "v1", action="rejected", run_id="run1", at=T0,
+                             reason="the confusion matrix looks wrong", by="ana")  # a retry
+    assert len(registry.history("mnist")) == 1
+    registry.promote("mnist", "v1", run_id="run2", at=T1, reason="approved", by="bo")
+    registry.publish("mnist", "v2", make_output(tmp_path / "run2", "two"), run_id="run2",
+                     created=T1)
+    registry.record_decision("mnist", "v2", action="timed out", run_id="run2", at=T2,
+                             reason="no answer within 60 minutes")
+    assert registry.production("mnist") == "v1"
+    assert [(h["action"], h["from"], h["to"], h.get("rejected"), h.get("by"))
+            for h in registry.history("mnist")] == [
+        ("rejected", None, None, "v1", "ana"), ("promoted", None, "v1", None, "bo"),
+        ("timed out", "v1", "v1", "v2", None)]
+    with pytest.raises(RegistryError, match="reason must be a non-empty string"):
+        registry.record_decision("mnist", "v2", action="rejected", run_id="r", at=T2,
+                                 reason=" ")
+    with pytest.raises(RegistryError, match="action must be 'rejected' or 'timed out'"):
+        registry.record_decision("mnist", "v2", action="vetoed", run_id="r", at=T2,
+                                 reason="x")

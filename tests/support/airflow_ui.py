@@ -37,7 +37,8 @@ def open_dag(page: Any) -> None:
     from playwright.sync_api import expect
 
     page.get_by_role("link", name="Dags", exact=True).click()
-    expect(page.get_by_text("2 Dags")).to_be_visible()  # keras_retrain, land_labelled_data
+    expect(page.get_by_text("3 Dags")).to_be_visible()  # keras_retrain, land_labelled_data,
+    # promote_model
     page.get_by_role("link", name=DAG_ID, exact=True).first.click()
     expect(page).to_have_url(re.compile(rf"/dags/{DAG_ID}$"))
     expect(page.get_by_text("stage_dataset").first).to_be_visible()  # the DAG page is drawn

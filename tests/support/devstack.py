@@ -72,8 +72,9 @@ class DevAirflow:
     command = "airflow"  # ./dev's subcommand
     ready_line = "Airflow is ready: "  # the banner's first line
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, env: dict[str, str] | None = None) -> None:
         self.root = root
+        self.env = env or {}  # what a deployment adds to a new user's environment
         self.port = free_port_pair()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.home = root / ".airflow"
@@ -87,7 +88,7 @@ class DevAirflow:
     def start(self) -> None:
         self.proc = subprocess.Popen(
             ["./dev", self.command, "--port", str(self.port)], cwd=self.root,
-            env=new_user_env(),
+            env={**new_user_env(), **self.env},
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True, preexec_fn=_as_in_a_terminal,
         )

@@ -1,17 +1,12 @@
-"""System: the Models page plugin in a real Airflow api-server, driven by a real browser.
+"""System: the Models page plugin in a real Airflow api-server.
 
-A store on the session's S3 server (SeaweedFS over HTTP) is filled first: two models, one
-with three versions (two with a report, two promotions), one never promoted. Then an
-``airflow api-server`` on a free 127.0.0.1 port loads the project's ``plugins/`` with
-the SimpleAuthManager, one ``viewer`` user, ``TRAINING_STORE_URI`` on that store and an
-``aws_default`` connection whose keys are made up for the session's S3 server, which
-checks every signature. No AWS_* variable reaches the api-server: the page can only read
-the store with the connection's keys.
-
-Debian's chromium, driven by Playwright, logs in through Airflow's login form, opens
-the page from the UI's navigation, checks the versions, the production mark and the
-history, and opens a report. Screenshots go to pytest's tmp dir and to
-``$TEST_ARTIFACTS_DIR`` (default ``artifacts/`` at the repository root).
+A store on the session's S3 server (SeaweedFS, which checks every signature) gets two
+models: one with three versions (two with a report, two promotions and a rejection), one
+never promoted. An ``airflow api-server`` on 127.0.0.1 loads ``plugins/`` with the
+SimpleAuthManager (a ``viewer`` and a ``user``), a stand-in ``promote_model`` DAG, and an
+``aws_default`` connection with keys made up for that S3 server (no AWS_* variable: the
+page reads the store with the connection's keys only). This module holds that site, one
+per session, shared with ``test_models_page_actions.py``, and the listing's tests.
 """
 
 from __future__ import annotations
@@ -20,7 +15,6 @@ import json
 import os
 import re
 import secrets
-import shutil
 import signal
 import subprocess
 import sys
@@ -32,7 +26,6 @@ from typing import Any
 
 import pytest
 from markupsafe import escape
-from support.fresh import artifacts_dir
 from support.s3server import free_port
 
 from training.registry import open_store
@@ -41,11 +34,6 @@ from training.registry.versions import ModelRegistry
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
-CHROMIUM = os.environ.get("CHROMIUM_PATH", "/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-]
 USER = "modeler"
 STARTUP_TIMEOUT_S = 150.0
 MODEL = "digits-mlp"
@@ -61,27 +49,41 @@ VERSIONS = [
 ]
 PRODUCTION = "20250102-b"
 DECISION = "challenger accuracy 0.9512 beats the champion by 0.0378 >= 0.005"
+# What each version's evaluation.json says beyond its metrics: its dataset, its holdout
+# accuracy (None: evaluated without a holdout); and one setting of its config.json.
+DATASETS = {"20250101-a": "digits:1.0.0@b504be350b053dde",
+            "20250102-b": "digits:1.0.0@b504be350b053dde",
+            "20250103-c": "digits:1.1.0@0c77a1f2e9d4b311"}
+HOLDOUT = {"20250101-a": None, "20250102-b": 0.9388, "20250103-c": 0.8811}
+EPOCHS = {"20250101-a": 4, "20250102-b": 6, "20250103-c": 8}
+RELEASER, REVIEWER = "releaser", "reviewer"  # an Airflow user who may trigger DAGs; a name
+REJECTION = "holdout accuracy fell by 0.0577"
 _FOREIGN_PREFIXES = ("AIRFLOW_", "AIRFLOW__", "TRAINING_", "AWS_", "_AIRFLOW")
 
 
 # --------------------------------------------------------------------------- the store
 
 
+def config_of(version: str) -> dict[str, Any]:
+    """A version's effective settings, as its run writes them (``config.json``)."""
+    return {"model": {"name": "mlp", "args": {"hidden_units": [64]}},
+            "fit": {"epochs": EPOCHS[version], "batch_size": 32, "learning_rate": 0.001},
+            "storage": {"model_name": MODEL}}
+
+
 def write_report(directory: Path, version: str, metrics: dict[str, float],
-                 champion: dict[str, Any] | None, reason: str) -> None:
-    """The version's report, built by ``training.report`` from small training records."""
+                 champion: dict[str, Any] | None, reason: str, *, build: bool) -> None:
+    """The version's records and, if ``build``, its report by ``training.report``."""
     from training.report import build_report
 
-    epochs = 6
+    epochs = range(6)
     history = {
-        "epochs": list(range(1, epochs + 1)),
-        "metrics": {
-            "loss": [1.2 / (e + 1) for e in range(epochs)],
-            "accuracy": [0.6 + 0.06 * e for e in range(epochs)],
-            "val_loss": [1.3 / (e + 1) for e in range(epochs)],
-            "val_accuracy": [0.58 + 0.06 * e for e in range(epochs)],
-            "learning_rate": [1e-3] * 4 + [5e-4] * 2,
-        },
+        "epochs": [e + 1 for e in epochs],
+        "metrics": {"loss": [1.2 / (e + 1) for e in epochs],
+                    "accuracy": [0.6 + 0.06 * e for e in epochs],
+                    "val_loss": [1.3 / (e + 1) for e in epochs],
+                    "val_accuracy": [0.58 + 0.06 * e for e in epochs],
+                    "learning_rate": [1e-3] * 4 + [5e-4] * 2},
         "lr_reduced_at_epochs": [5],
         "early_stopping": {"monitor": "val_loss", "stopped_epoch": None, "best_epoch": 6,
                            "best_value": 0.2167, "restored_best_weights": True},
@@ -89,7 +91,7 @@ def write_report(directory: Path, version: str, metrics: dict[str, float],
     evaluation = {
         "model_name": MODEL,
         "version": version,
-        "dataset": "digits:1.0.0@b504be350b053dde",
+        "dataset": DATASETS[version],
         "challenger": {
             **metrics, "examples": 30,
             "per_class": [{"class": c, "precision": 0.9, "recall": 0.9, "f1": 0.9,
@@ -100,9 +102,14 @@ def write_report(directory: Path, version: str, metrics: dict[str, float],
         "policy": {"min_accuracy": 0.5, "min_improvement": 0.005, "force_promote": False},
         "decision": {"promote": True, "forced": False, "reasons": [reason]},
     }
-    for name, record in (("history.json", history), ("evaluation.json", evaluation)):
+    if HOLDOUT[version] is not None:
+        evaluation["holdout"] = {"uri": "file:///holdout", "examples": 20,
+                                 "challenger": {"accuracy": HOLDOUT[version]}, "champion": None}
+    for name, record in (("history.json", history), ("evaluation.json", evaluation),
+                         ("config.json", config_of(version))):
         (directory / name).write_text(json.dumps(record))
-    build_report(directory)
+    if build:
+        build_report(directory)
 
 
 def fill_store(registry: ModelRegistry, work: Path) -> None:
@@ -111,18 +118,19 @@ def fill_store(registry: ModelRegistry, work: Path) -> None:
         directory = work / version
         directory.mkdir(parents=True)
         (directory / "model.keras").write_bytes(f"weights of {version}".encode())
-        (directory / "config.json").write_text(json.dumps({"version": version}))
-        if with_report:
-            reason = DECISION if version == PRODUCTION else "no model in production"
-            write_report(directory, version, metrics, champion, reason)
-            champion = champion or {"version": version, **metrics}
+        reason = DECISION if version == PRODUCTION else "no model in production"
+        write_report(directory, version, metrics, champion, reason, build=with_report)
+        champion = champion or {"version": version, **metrics}
         registry.publish(MODEL, version, directory, run_id=f"manual__{created}",
                          created=created, metrics=metrics)
     registry.promote(MODEL, "20250101-a", run_id="manual__2025-01-01T00:00:00+00:00",
                      at="2025-01-01T00:10:00+00:00", reason="first version")
     registry.promote(MODEL, PRODUCTION, run_id="manual__2025-01-02T00:00:00+00:00",
                      at="2025-01-02T00:10:00+00:00",
-                     reason="accuracy 0.9512 beats 0.9134 by 0.0378 >= 0.005")
+                     reason="accuracy 0.9512 beats 0.9134 by 0.0378 >= 0.005", by=RELEASER)
+    registry.record_decision(MODEL, "20250103-c", action="rejected",
+                             run_id="manual__2025-01-03T00:00:00+00:00",
+                             at="2025-01-03T00:20:00+00:00", reason=REJECTION, by=REVIEWER)
     other = work / "other"
     other.mkdir()
     (other / "model.keras").write_bytes(b"cnn weights")
@@ -133,8 +141,14 @@ def fill_store(registry: ModelRegistry, work: Path) -> None:
 # --------------------------------------------------------------------------- api-server
 
 
+# Stands in for the promote_model DAG that the page triggers (no scheduler runs it here).
+STAND_IN_DAG = ('from airflow.sdk import DAG, task\n\nwith DAG("promote_model", schedule=None):\n'
+                '    task(lambda: None, task_id="record")()\n')
+
+
 class ApiServer:
-    """``airflow api-server`` alone on 127.0.0.1, in a fresh AIRFLOW_HOME (SQLite)."""
+    """``airflow api-server`` alone on 127.0.0.1, in a fresh AIRFLOW_HOME (SQLite), with
+    a ``viewer`` (USER) and a ``user`` (RELEASER), and a promote_model DAG to trigger."""
 
     def __init__(self, root: Path, store_uri: str, connection: dict[str, Any]):
         self.root = root
@@ -142,10 +156,11 @@ class ApiServer:
         self.log = root / "api-server.log"
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
-        self.password = secrets.token_urlsafe(16)
+        self.passwords = {USER: secrets.token_urlsafe(16), RELEASER: secrets.token_urlsafe(16)}
+        self.password = self.passwords[USER]
         self.proc: subprocess.Popen | None = None
         passwords = self.home / "simple_auth_manager_passwords.json"
-        dags = root / "dags"  # the api-server does not parse DAGs: an empty folder
+        dags = root / "dags"  # the api-server does not parse DAGs: reserialized in start
         base = {k: v for k, v in os.environ.items() if not k.startswith(_FOREIGN_PREFIXES)}
         self.env = {
             **base,
@@ -165,7 +180,7 @@ class ApiServer:
             "AIRFLOW__CORE__AUTH_MANAGER": (
                 "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager"
             ),
-            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{USER}:viewer",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{USER}:viewer,{RELEASER}:user",
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": os.fspath(passwords),
             "AIRFLOW_CONN_AWS_DEFAULT": json.dumps(connection),
@@ -174,16 +189,18 @@ class ApiServer:
         }
         self.home.mkdir(parents=True)
         dags.mkdir()
-        passwords.write_text(json.dumps({USER: self.password}) + "\n")
+        (dags / "promote_model.py").write_text(STAND_IN_DAG)
+        passwords.write_text(json.dumps(self.passwords) + "\n")
 
     def start(self) -> None:
         airflow = os.fspath(Path(sys.executable).with_name("airflow"))
-        migrate = subprocess.run(
-            [airflow, "db", "migrate"], env=self.env, cwd=self.root, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, text=True, timeout=300,
-        )
-        if migrate.returncode != 0:
-            raise RuntimeError(f"airflow db migrate failed:\n{migrate.stdout[-5000:]}")
+        for command in (["db", "migrate"], ["dags", "reserialize"]):
+            done = subprocess.run(
+                [airflow, *command], env=self.env, cwd=self.root, stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT, text=True, timeout=300,
+            )
+            if done.returncode != 0:
+                raise RuntimeError(f"airflow {' '.join(command)} failed:\n{done.stdout[-5000:]}")
         with open(self.log, "wb") as log:
             self.proc = subprocess.Popen(
                 [airflow, "api-server", "--host", "127.0.0.1", "--port", str(self.port)],
@@ -225,9 +242,9 @@ class ApiServer:
             return f"<cannot read {self.log}: {exc.strerror}>"
         return "----- api-server log (tail) -----\n" + "\n".join(text.splitlines()[-lines:])
 
-    def token(self) -> str:
+    def token(self, user: str = USER) -> str:
         status, _, body = self.get("/auth/token", method="POST", data=json.dumps(
-            {"username": USER, "password": self.password}).encode(),
+            {"username": user, "password": self.passwords[user]}).encode(),
             headers={"Content-Type": "application/json"})
         if status != 201:
             raise ConnectionError(f"POST /auth/token answered {status}: {body[:300]!r}")
@@ -251,24 +268,33 @@ class ApiServer:
             return exc.code, dict(exc.headers), exc.read()
 
 
-@pytest.fixture(scope="module")
+_SITE: dict[str, ApiServer] = {}  # the session's one api-server, whichever module started it
+
+
+@pytest.fixture(scope="session")
 def models_site(s3_server, tmp_path_factory: pytest.TempPathFactory):
-    """The filled store and a started api-server that shows it."""
+    """The filled store and a started api-server that shows it, one per session: shared
+    with test_models_page_actions.py, which imports this fixture (pytest makes one per
+    module that holds it; the first starts the server and stops it at the end)."""
+    if "server" in _SITE:
+        yield _SITE["server"]
+        return
     root = tmp_path_factory.mktemp("models-page")
     bucket = s3_server.create_bucket()
     store_uri = f"s3://{bucket}/team"
     fill_store(ModelRegistry(open_store(store_uri, s3_server.options()), check_model=False),
                root / "published")
     # The team's keys, made up for this session's server, which refuses any others.
-    connection = s3_server.connection()
-    server = ApiServer(root, store_uri, connection)
+    server = ApiServer(root, store_uri, s3_server.connection())
     try:
         server.start()
         server.wait_ready()
         server.credentials = (  # type: ignore[attr-defined]
             s3_server.team.access_key, s3_server.team.secret_key)
+        _SITE["server"] = server
         yield server
     finally:
+        _SITE.pop("server", None)
         server.stop()
 
 
@@ -310,8 +336,9 @@ def test_models_page_serves_versions_and_reports_read_only(models_site):
     page = body.decode()
     assert_no_credential(server, page, "the Models page")
     # Most recently published first (they were published in this order), by the order of
-    # the version ids in the HTML.
-    positions = [page.index(f'data-version="{v}"') for v, *_ in VERSIONS]
+    # the version ids in the table's HTML.
+    table = page.index('<table class="versions">', page.index(f'data-model="{MODEL}"'))
+    positions = [page.index(f'data-version="{v}"', table) for v, *_ in VERSIONS]
     assert positions == sorted(positions, reverse=True), positions
     assert (f'class="version production" id="{MODEL}/{PRODUCTION}" '
             f'data-version="{PRODUCTION}"') in page
@@ -348,121 +375,23 @@ def test_models_page_serves_versions_and_reports_read_only(models_site):
     assert_no_credential(server, server.log.read_bytes(), "the api-server log")
 
 
-def test_store_errors_are_scrubbed_and_run_values_escaped(monkeypatch):
-    """In process: what the store or a run wrote never reaches the page unescaped, and a
-    store error is shown without the connection's secrets."""
-    import asyncio
-
-    import httpx
-
-    from training.errors import StorageError
-
+def test_history_says_what_each_record_did(monkeypatch):
     monkeypatch.syspath_prepend(os.fspath(REPO / "plugins"))
     from models_view import page
 
-    secret = "secret-" + secrets.token_urlsafe(16)
-
-    class BrokenStore:
-        secrets = frozenset({secret})
-
-        def get(self) -> Any:
-            raise StorageError(f"cannot list 'models/' in s3://b: SignatureDoesNotMatch "
-                               f"(signed with {secret})")
-
-    monkeypatch.setattr(page, "_stores", BrokenStore())
-    app = page.create_app()
-    app.dependency_overrides[page.require_viewer] = lambda: "tester"
-
-    async def get_index() -> httpx.Response:
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
-            return await client.get("/")
-
-    answer = asyncio.run(get_index())
-    assert answer.status_code == 502, answer.text
-    assert "SignatureDoesNotMatch" in answer.text and "***" in answer.text
-    assert secret not in answer.text
-
-    hostile = "<img src=x onerror=alert(1)>"
-    shown = page.render_index([{
-        "name": "m", "production": "v1",
-        "versions": [{"version": "v1", "created": hostile, "run_id": hostile,
-                      "source": {"dag_id": hostile, "run_id": hostile},
-                      "metrics": {"accuracy": hostile, "loss": 0.5}, "has_report": True}],
-        "history": [{"from": None, "to": "v1", "at": hostile, "reason": hostile,
-                     "run_id": hostile, "forced": True}],
-    }], "s3://user:password@bucket/prefix")
-    # published (= created here), created, accuracy, the Airflow run; at, reason, run id
-    assert "<img" not in shown and shown.count("&lt;img src=x") == 7
-    assert 'href="../dags/%3Cimg%20src%3Dx' in shown  # the run link is quoted too
-    assert "password" not in shown and "s3://bucket/prefix" in shown
-    assert 'href="m/versions/v1/report/index.html"' in shown
-
-
-# --------------------------------------------------------------------------- browser
-
-
-def test_models_page_in_a_real_browser(models_site, tmp_path: Path):
-    from playwright.sync_api import expect, sync_playwright
-
-    if not Path(CHROMIUM).is_file():
-        pytest.fail(f"no chromium at {CHROMIUM}: install Debian's (apt-get install -y chromium) "
-                    "or point CHROMIUM_PATH at one")
-    server = models_site
-    shots = tmp_path / "screenshots"
-    shots.mkdir()
-    with sync_playwright() as pw:
-        context = pw.chromium.launch_persistent_context(
-            os.fspath(tmp_path / "chromium-profile"), executable_path=CHROMIUM,
-            args=CHROMIUM_ARGS, headless=True, viewport={"width": 1400, "height": 900},
-        )
-        try:
-            context.set_default_timeout(30_000)
-            page = context.new_page()
-            # Not logged in: the page sends the browser to Airflow's login form.
-            page.goto(f"{server.base_url}/models/")
-            expect(page).to_have_url(re.compile(re.escape(f"{server.base_url}/auth/login?next=")))
-            page.get_by_label("Username").fill(USER)
-            page.get_by_label("Password").fill(server.password)
-            page.get_by_role("button", name="Sign in").click()
-            # Airflow's UI, then its navigation entry for the plugin's page.
-            page.wait_for_url(f"{server.base_url}/models/")
-            page.goto(f"{server.base_url}/")
-            page.get_by_role("link", name="Models").click()
-            page.wait_for_url(f"{server.base_url}/plugin/models")
-            frame = page.frame_locator("iframe")
-            model = frame.locator(f'section[data-model="{MODEL}"]')
-            rows = model.locator("table.versions tbody tr")
-            expect(rows).to_have_count(3)
-            assert rows.evaluate_all("rs => rs.map(r => r.dataset.version)") == [
-                v for v, *_ in reversed(VERSIONS)
-            ]
-            production = model.locator("tr.production")
-            expect(production).to_have_count(1)
-            expect(production).to_have_attribute("data-version", PRODUCTION)
-            expect(production.locator(".badge")).to_have_text("production")
-            expect(model.locator("p.production")).to_contain_text(f"in production: {PRODUCTION}")
-            expect(model.locator("table.history tbody tr")).to_have_count(2)
-            expect(frame.locator(f'section[data-model="{OTHER_MODEL}"]')).to_contain_text(
-                "nothing in production")
-            page.screenshot(path=shots / "models-page.png")
-            shown = page.frame_locator("iframe").locator("html").inner_html()
-            assert_no_credential(server, shown, "the page in the browser")
-
-            production.get_by_role("link", name="report").click()
-            report = page.frame_locator("iframe")
-            expect(report.locator("h1")).to_have_text(f"{MODEL} version {PRODUCTION}")
-            expect(report.locator(".verdict")).to_have_text("promote to production")
-            expect(report.locator("ul.reasons")).to_contain_text(DECISION)
-            images = report.locator("img")
-            expect(images).to_have_count(2)  # learning curves, confusion matrix
-            for i in range(2):
-                images.nth(i).evaluate("img => img.decode()")
-                assert images.nth(i).evaluate("img => img.naturalWidth") > 0
-            page.set_viewport_size({"width": 1400, "height": 1300})
-            page.screenshot(path=shots / "report.png")
-        finally:
-            context.close()
-    saved = artifacts_dir()
-    for shot in shots.iterdir():
-        shutil.copy2(shot, saved / shot.name)
+    records = [  # oldest first, as the pointer keeps them; shown newest first
+        {"from": None, "to": "v1", "reason": "first"},  # written before "action" existed
+        {"from": "v1", "to": "v2", "action": "promoted", "forced": True, "by": "ann"},
+        {"from": "v2", "to": "v2", "rejected": "v3", "action": "timed out", "reason": "nobody"},
+        {"from": "v2", "to": "v1", "action": "rollback", "by": "bob", "reason": "rollback"},
+    ]
+    shown = page.render_index([{"name": "m", "production": "v1", "versions": [],
+                                "history": records}], "/store")
+    rows = re.findall(r'<tr data-action="([^"]+)"><td>[^<]*</td><td class="change">(.*?)</td>'
+                      r'<td class="by">([^<]*)</td>', shown, re.S)
+    assert rows == [
+        ("rollback", "rollback: <code>v2</code> &rarr; <code>v1</code>", "bob"),
+        ("timed out", "timed out <code>v3</code>", ""),
+        ("promoted", "promoted: <code>v1</code> &rarr; <code>v2</code> (forced)", "ann"),
+        ("promoted", 'promoted: <span class="none">none</span> &rarr; <code>v1</code>', ""),
+    ]

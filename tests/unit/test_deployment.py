@@ -26,6 +26,8 @@ def test_defaults_hang_off_the_data_dir_and_airflow_home(tmp_path):
                                                                        "kubernetes_default")
     assert deployment.schedule == "0 3 * * *"
     assert not deployment.store.is_s3
+    assert (deployment.alert_email_conn_id, deployment.alert_webhook_conn_id) == (
+        "training_alerts_email", "training_alerts_webhook")
 
 
 def test_every_variable_is_read_and_empty_counts_as_unset(tmp_path):
@@ -34,6 +36,7 @@ def test_every_variable_is_read_and_empty_counts_as_unset(tmp_path):
            "TRAINING_MAX_VERSION_MB": "20", "TRAINING_AWS_CONN_ID": "store",
            "TRAINING_K8S_CONN_ID": "k8s", "TRAINING_K8S_NAMESPACE": "ml",
            "TRAINING_GPU_QUEUE": "a100", "TRAINING_TPU_QUEUE": "", "TRAINING_SCHEDULE": "",
+           "TRAINING_ALERT_EMAIL_CONN_ID": "team_mail", "TRAINING_ALERT_WEBHOOK_CONN_ID": "",
            "UNRELATED": "x"}
     deployment = Deployment.from_env(env)
     assert deployment.run_settings() == {"staging_dir": str(tmp_path / "datasets"),
@@ -48,6 +51,8 @@ def test_every_variable_is_read_and_empty_counts_as_unset(tmp_path):
     assert [deployment.queue_for(a) for a in ("gpu", "tpu", "cpu", None)] == [
         "a100", "tpu", None, None]
     assert deployment.schedule == ""  # set and empty: no cron
+    assert (deployment.alert_email_conn_id, deployment.alert_webhook_conn_id) == (
+        "team_mail", "training_alerts_webhook")  # empty: the default
 
 
 @pytest.mark.parametrize("env, message", [
@@ -91,3 +96,18 @@ def test_open_store_takes_a_parsed_uri(tmp_path: Path):
     assert isinstance(store, FileStore)
     store.put_bytes("k", b"v")
     assert (tmp_path / "k").read_bytes() == b"v"
+
+
+def test_the_deadline_is_read_alone_and_a_bad_one_names_the_variable():
+    from datetime import timedelta
+
+    from training.deployment import deadline_from_env
+
+    assert deadline_from_env({}) == timedelta(hours=6)
+    assert deadline_from_env({"TRAINING_DEADLINE_MINUTES": "90",
+                              "TRAINING_STORE_URI": "gs://typo"}) == timedelta(minutes=90)
+    assert deadline_from_env({"TRAINING_DEADLINE_MINUTES": ""}) is None  # no deadline
+    for bad in ("0", "1.5", "six hours"):
+        with pytest.raises(ConfigError, match=rf"TRAINING_DEADLINE_MINUTES must be a whole "
+                                              rf"number of minutes from 1 .* got '{bad}'"):
+            deadline_from_env({"TRAINING_DEADLINE_MINUTES": bad})

@@ -226,6 +226,16 @@ class PromotionConfig(Section):
         pattern=r"^$|^(s3://[a-z0-9.-]{3,63}(/.*)?|file://.+|[^:]+)$",
         says="empty, or s3://bucket/prefix, file:///path or a local path",
     )
+    require_approval: bool = setting(
+        False, "Wait for a person's approval (the Airflow UI's Required actions) before a "
+        "model that wins goes to production; a model that loses never asks. Airflow "
+        "runs only: the CLI has nobody to ask.", key="require_approval",
+    )
+    approval_timeout_minutes: int = setting(
+        1440, "How long a winning model waits for approval; no answer by then: not "
+        "promoted, recorded as timed out, and an alert.", key="approval_timeout_minutes",
+        minimum=1, maximum=10080,
+    )
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,12 @@ wins; the loser gets a ConflictError. The history lives inside the same object, 
 pointer and history change together in one conditional write, and the pointer carries
 the SHA-256 of its own canonical JSON, checked on every read.
 
+Each history record says what happened (``action``: ``promoted``, ``rollback``, or a
+decision that moved nothing: ``rejected`` by a reviewer, ``timed out`` waiting for one,
+with the version in ``rejected``) and, when a person did it, who (``by``). A decision
+that moved nothing before anything was promoted leaves a pointer whose ``version`` is
+None.
+
 ``ProductionPointer`` is a mixin of ``ModelRegistry`` (``versions.py``): it uses the
 registry's ``store``, ``check_model``, ``verify`` and ``check_runs``.
 """
@@ -69,7 +75,8 @@ class ProductionPointer:
                 "restore it from the store's versioning, or delete it and promote a version "
                 "again"
             ) from exc
-        if (not isinstance(pointer, dict) or not isinstance(pointer.get("version"), str)
+        if (not isinstance(pointer, dict) or "version" not in pointer
+                or not isinstance(pointer["version"], (str, type(None)))
                 or not isinstance(pointer.get("history"), list)):
             raise IntegrityError(
                 f"production pointer of model {name!r} ({key}) is not a pointer: expected an "
@@ -107,6 +114,8 @@ class ProductionPointer:
         reason: str,
         forced: bool = False,
         expected_current: str | None = _UNSET,
+        by: str | None = None,
+        action: str = "promoted",
     ) -> dict[str, Any]:
         """Point production at ``version`` after verifying it; return the new pointer.
 
@@ -114,7 +123,8 @@ class ProductionPointer:
         the version the decision was made against (None: nothing in production); if
         production has moved since, ConflictError. Of two concurrent promotions exactly
         one wins: the other gets ConflictError. Promoting the version already in
-        production changes nothing and returns the pointer.
+        production changes nothing and returns the pointer. ``by``: the person who
+        asked for it (the Airflow user), recorded in the history.
         """
         validate_name("model name", name)
         validate_name("version", version)
@@ -145,20 +155,48 @@ class ProductionPointer:
             raise RegistryError(
                 f"refusing to promote model {name!r} version {version!r}: {exc}"
             ) from exc
-        record = {
-            "from": current,
-            "to": version,
-            "run_id": run_id,
-            "at": at,
-            "reason": reason,
-            "forced": bool(forced),
-        }
+        record = {"from": current, "to": version, "run_id": run_id, "at": at,
+                  "reason": reason, "forced": bool(forced), "action": action,
+                  **({"by": by} if by else {})}
+        return self._write_pointer(name, pointer, etag, version, record,
+                                   f"promotion of model {name!r} to {version!r}")
+
+    def record_decision(self, name: str, version: str, *, action: str, run_id: str,
+                        at: str, reason: str, by: str | None = None) -> dict[str, Any]:
+        """Record in the history that ``version`` was not promoted (``action``:
+        ``rejected`` by ``by``, or ``timed out``), the pointer unmoved; the new pointer.
+        Recording the same decision again (a retried task) changes nothing."""
+        validate_name("model name", name)
+        validate_name("version", version)
+        check_time("at", at)
+        check_run_id(run_id)
+        if action not in ("rejected", "timed out"):
+            raise RegistryError(f"action must be 'rejected' or 'timed out', got {action!r}")
+        if not isinstance(reason, str) or not reason.strip():
+            raise RegistryError(f"reason must be a non-empty string, got {reason!r}")
+        pointer, etag = self._read_pointer(name)
+        current = None if pointer is None else pointer["version"]
+        record = {"from": current, "to": current, "rejected": version, "run_id": run_id,
+                  "at": at, "reason": reason, "forced": False, "action": action,
+                  **({"by": by} if by else {})}
+        if pointer is not None and record in pointer["history"]:
+            return pointer
+        return self._write_pointer(name, pointer, etag, current, record,
+                                   f"recording that {version!r} of model {name!r} was {action}")
+
+    def _write_pointer(self, name: str, pointer: dict[str, Any] | None, etag: str | None,
+                       version: str | None, record: dict[str, Any], what: str
+                       ) -> dict[str, Any]:
+        """Write the pointer at ``version`` with ``record`` appended to its history, if
+        it is still the one read (``etag``)."""
         new = {
             "format": POINTER_FORMAT,
             "name": name,
             "version": version,
-            "run_id": run_id,
-            "at": at,
+            "run_id": record["run_id"] if pointer is None or version != pointer["version"]
+            else pointer["run_id"],
+            "at": record["at"] if pointer is None or version != pointer["version"]
+            else pointer["at"],
             "history": [*(pointer["history"] if pointer else []), record],
         }
         body = dumps({**new, "sha256": _pointer_sum(new)})  # verified on every read
@@ -169,14 +207,15 @@ class ProductionPointer:
                 self.store.put_bytes(pointer_key(name), body, if_match=etag)
         except ConflictError as exc:
             raise ConflictError(
-                f"promotion of model {name!r} to {version!r} lost a race: production "
-                f"changed after it was read (it was {current!r}); another promotion won. "
-                "Re-read production and decide again."
+                f"{what} lost a race: production changed after it was read (it was "
+                f"{record['from']!r}); another promotion won. Re-read production and "
+                "decide again."
             ) from exc
         return new
 
     def rollback(
-        self, name: str, version: str, *, run_id: str, at: str, note: str | None = None
+        self, name: str, version: str, *, run_id: str, at: str, note: str | None = None,
+        by: str | None = None,
     ) -> dict[str, Any]:
         """Put an earlier complete version back in production (reason 'rollback').
 
@@ -190,5 +229,6 @@ class ProductionPointer:
             raise RegistryError(f"model {name!r} has nothing in production to roll back")
         reason = "rollback" if not note else f"rollback: {note}"
         return self.promote(
-            name, version, run_id=run_id, at=at, reason=reason, expected_current=current
+            name, version, run_id=run_id, at=at, reason=reason, expected_current=current,
+            by=by, action="rollback",
         )

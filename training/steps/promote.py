@@ -21,12 +21,14 @@ log = logging.getLogger(__name__)
 
 
 def promote(cfg: RunConfig, registry: ModelRegistry, *, at: str,
-            published: dict[str, Any] | None = None) -> dict[str, Any]:
+            published: dict[str, Any] | None = None,
+            approval: dict[str, Any] | None = None) -> dict[str, Any]:
     """Move the production pointer to the published version when the decision says so.
 
     ``published`` is what ``publish`` returned (Airflow hands it over through XCom);
-    without it, this run's version. Returns ``{"promoted": bool, "reasons": [...],
-    ...}``.
+    without it, this run's version. ``approval``: a person's approval (``by``,
+    ``reason``), recorded in the history. Returns ``{"promoted": bool, "reasons":
+    [...], "previous": ..., ...}``.
     """
     name, version = cfg.model_name, cfg.run_id
     if published is not None:
@@ -45,8 +47,12 @@ def promote(cfg: RunConfig, registry: ModelRegistry, *, at: str,
         log.info("%s %s is not promoted: %s", name, version, "; ".join(decision["reasons"]))
         return result
     champion = evaluation["champion"]
-    registry.promote(name, version, run_id=cfg.run_id, at=at,
-                     reason="; ".join(decision["reasons"]), forced=decision["forced"],
-                     expected_current=champion["version"] if champion else None)
+    reasons, by = list(decision["reasons"]), None
+    if approval and approval.get("approved"):
+        by = approval.get("by")
+        reasons.append(f"approved by {by}: {approval.get('reason')}")
+    previous = champion["version"] if champion else None
+    registry.promote(name, version, run_id=cfg.run_id, at=at, reason="; ".join(reasons),
+                     forced=decision["forced"], expected_current=previous, by=by)
     log.info("%s %s is now in production", name, version)
-    return {**result, "promoted": True}
+    return {**result, "promoted": True, "reasons": reasons, "previous": previous, "by": by}

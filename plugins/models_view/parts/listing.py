@@ -1,0 +1,88 @@
+"""What the Models page lists: every model, the version in production, its versions
+most recently published first, the promotion history, and the accuracy plot.
+
+Each version comes with its manifest's metrics, whether it has a report, and, from its
+published ``evaluation.json`` (read once per version and cached, see ``stores``): the
+dataset it was trained on and its holdout accuracy where the evaluation has a holdout.
+Each version not in production gets the action the page offers for it: ``promote`` for
+one published after production (or any, before the first promotion), ``rollback`` for
+one published before it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from models_view.parts.plot import accuracy_plot
+from models_view.parts.stores import JSON_FILES
+from training.errors import IntegrityError
+from training.layout import EVALUATION, MODELS_PREFIX, REPORT_DIR, REPORT_INDEX, version_key
+
+# A version's report page, relative to the version (``layout.version_key``).
+REPORT_FILE = f"{REPORT_DIR}/{REPORT_INDEX}"
+
+
+def _number(value: Any) -> float | None:
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _evaluation_facts(evaluation: Any) -> dict[str, Any]:
+    """The dataset key and the holdout accuracy of a published ``evaluation.json``."""
+    if not isinstance(evaluation, dict):
+        return {"dataset": None, "holdout_accuracy": None}
+    holdout = evaluation.get("holdout")
+    challenger = holdout.get("challenger") if isinstance(holdout, dict) else None
+    accuracy = challenger.get("accuracy") if isinstance(challenger, dict) else None
+    dataset = evaluation.get("dataset")
+    return {"dataset": dataset if isinstance(dataset, str) and dataset else None,
+            "holdout_accuracy": _number(accuracy)}
+
+
+def offered_action(index: int, production_index: int | None) -> str | None:
+    """What the page offers for the version at ``index`` (most recently published first):
+    nothing for production, ``promote`` for a newer one, ``rollback`` for an older one."""
+    if production_index is None or index < production_index:
+        return "promote"
+    return None if index == production_index else "rollback"
+
+
+def describe_versions(registry: Any, name: str, versions: list[dict[str, Any]],
+                      keys: set[str], production: str | None) -> None:
+    """Add what the page shows beside each version's manifest entry, in place."""
+    order = [entry["version"] for entry in versions]
+    production_index = order.index(production) if production in order else None
+    for index, entry in enumerate(versions):
+        version = entry["version"]
+        entry["has_report"] = version_key(name, version, REPORT_FILE) in keys
+        entry["test_accuracy"] = _number((entry.get("metrics") or {}).get("accuracy"))
+        key = version_key(name, version, EVALUATION)
+        evaluation = (JSON_FILES.read(registry, key, (entry.get("published"), entry["run_id"]))
+                      if key in keys else None)
+        entry.update(_evaluation_facts(evaluation))
+        entry["action"] = offered_action(index, production_index)
+
+
+def collect(registry: Any) -> list[dict[str, Any]]:
+    """Every model with its production version, versions (newest first), history and
+    accuracy plot."""
+    keys = set(registry.store.list(MODELS_PREFIX))
+    models = []
+    for name in registry.list_models():
+        versions = registry.list_versions(name)
+        try:
+            production, history, problem = registry.production(name), registry.history(name), None
+        except IntegrityError as exc:  # one damaged pointer must not hide every model
+            production, history, problem = None, [], str(exc)
+        describe_versions(registry, name, versions, keys, production)
+        if problem:  # which way a version would move is unknown: offer nothing
+            for entry in versions:
+                entry["action"] = None
+        models.append({
+            "name": name,
+            "production": production,
+            "versions": versions,
+            "history": history,
+            "problem": problem,
+            "plot": accuracy_plot(versions, production),
+        })
+    return models
