@@ -191,11 +191,13 @@ def approval_timed_out(model_name: str, version: str, waited: Any, links: dict[s
                  dict(links), dag_id, run_id)
 
 
-async def deadline_missed(context: Any = None, **kwargs: Any) -> dict[str, str]:
+async def deadline_missed(context: Any = None, **kwargs: Any) -> str:
     """The ``AsyncCallback`` of the DAG's ``DeadlineAlert`` (the triggerer imports it
     as ``training_airflow.alerts.deadline_missed``): the run is not finished by its
     deadline. ``context``: ``{"dag_run": <the run as the REST API shows it>,
-    "deadline": {"id", "deadline_time"}}``; other keyword arguments are ignored."""
+    "deadline": {"id", "deadline_time"}}``; other keyword arguments are ignored.
+    Returns what happened as one line: Airflow 3.3 stores the callback's return value
+    in a text column, and a dict there crashed the triggerer on SQLite."""
     run = (context or {}).get("dag_run") or {}
     deadline = (context or {}).get("deadline") or {}
     dag_id = run.get("dag_id") or "keras_retrain"
@@ -206,7 +208,8 @@ async def deadline_missed(context: Any = None, **kwargs: Any) -> dict[str, str]:
              f"started by: {run.get('triggering_user_name') or run.get('run_type', '?')}"]
     alert = Alert("deadline_missed", f"{dag_id} run {run_id} not finished by its deadline",
                   lines, {"run": run_url(dag_id, run_id)}, dag_id, run_id)
-    return await asyncio.to_thread(send, alert)
+    outcome = await asyncio.to_thread(send, alert)
+    return ", ".join(f"{channel} {what}" for channel, what in outcome.items())
 
 
 # --- sending ---------------------------------------------------------------------------

@@ -115,16 +115,21 @@ class ApproveOperator(ApprovalOperator):
         return super().execute(context)
 
     def execute_complete(self, context: Any, event: dict[str, Any]) -> Any:
+        # On Reject, ApprovalOperator skips promote by raising (Airflow 3's
+        # DownstreamTasksSkipped): the rejection is recorded before that.
+        if "error" not in event and event.get("chosen_options") == [self.REJECT]:
+            self._record_rejection(context, event)
         answer = super().execute_complete(context=context, event=event)
-        reviewer = (answer.get("responded_by_user") or {}).get("name")
-        reason = ((answer.get("params_input") or {}).get("reason") or "").strip() \
-            or "no reason given"
-        approved = answer["chosen_options"] == [self.APPROVE]
-        result = {"asked": True, "approved": approved, "by": reviewer, "reason": reason}
-        if approved:
-            return result
+        return {"asked": True, "approved": answer["chosen_options"] == [self.APPROVE],
+                "by": (answer.get("responded_by_user") or {}).get("name"),
+                "reason": _reason(answer)}
+
+    def _record_rejection(self, context: Any, event: dict[str, Any]) -> None:
+        """A reviewer's Reject, or Airflow's on nobody's behalf when the time ran out:
+        into the promotion history, and an alert."""
         from training_airflow import alerts
 
+        reviewer = (event.get("responded_by_user") or {}).get("name")
         cfg, registry = self._run(context)
         name, version = self.published["model_name"], self.published["version"]
         dag_run = context["dag_run"]
@@ -138,7 +143,12 @@ class ApproveOperator(ApprovalOperator):
                 reason=f"no answer within {cfg.promotion.approval_timeout_minutes} minutes")
             alerts.send(alerts.approval_timed_out(name, version, waited, links, **run))
         else:
+            reason = _reason(event)
             registry.record_decision(name, version, action="rejected", run_id=cfg.run_id,
                                      at=at, reason=reason, by=reviewer)
             alerts.send(alerts.rejected(name, version, reviewer, reason, links, **run))
-        return {**result, "timed_out": reviewer is None}
+
+
+def _reason(answer: dict[str, Any]) -> str:
+    return ((answer.get("params_input") or {}).get("reason") or "").strip() \
+        or "no reason given"

@@ -237,3 +237,17 @@ def test_a_published_evaluation_is_written_back_for_publish(trained_run, staged_
     assert "evaluation.json" in produced.read(run.run_dir())["evaluate"]
     assert evaluate.read_evaluation(run) == made
     assert publish.publish(run, registry, created=AT)["version"] == run.run_id  # stands
+
+
+def test_an_approved_version_deleted_meanwhile_is_refused_and_nothing_moves(
+        trained_run, staged_digits, tmp_path):
+    run, registry = _copied_run(trained_run, "deleted", tmp_path)
+    evaluate.evaluate(run, staged_digits, registry)
+    publish.publish(run, registry, created=AT)
+    # Someone cleaned the store while the run waited for approval.
+    shutil.rmtree(registry.store.root / "models" / run.model_name / "versions" / run.run_id)
+    with pytest.raises(RegistryError, match=rf"model '{run.model_name}' version "
+                                            rf"'{run.run_id}' is not published"):
+        promote.promote(run, registry, at=AT,
+                        approval={"approved": True, "by": "ana", "reason": "fine"})
+    assert registry.production(run.model_name) is None
