@@ -17,7 +17,10 @@ does is done in the browser:
 5. the Models page's "promote this version" link opens the promote form filled in for
    that version; submitting it runs ``promote_model``, which moves the pointer and
    records the user; a version whose files were corrupted is refused in one line and
-   the pointer stays.
+   the pointer stays;
+6. (second test) the demo's days as a team's own images: two normal days train
+   production, the drifted third day is refused by ``validate_data`` and one alert names
+   every reason.
 
 Screenshots: ``$TEST_ARTIFACTS_DIR/journey-people-*.png``.
 """
@@ -233,3 +236,36 @@ def _ended(stack: Any, dag_id: str, run_id: str, timeout: float = 240.0) -> dict
             return run
         time.sleep(2.0)
     pytest.fail(f"{dag_id} run {run_id} did not end in {timeout:.0f} s: {run}")
+
+
+def test_a_drifted_night_is_refused_with_one_alert_naming_every_reason(
+        dev_airflow: Any, alert_receivers: Any, tmp_path: Any):
+    """The demo's days as a team's own images: two normal days train production, the
+    drifted third day is refused by validate_data, and one alert says every reason."""
+    from training.data.demo import write_demo_partitions
+    from training.data.landing import land
+
+    stack, (smtp, webhook) = dev_airflow, alert_receivers
+    incoming, labelled = tmp_path / "incoming", str(stack.root / "var" / "people-labelled")
+    days = [p["partition"] for p in
+            write_demo_partitions(incoming, days=3, drift_day=3)["partitions"]]
+    for partition in days[:2]:
+        land(incoming, labelled, partition)
+    conf = {"model_name": "people-own", "dataset": "team_digits", "data_source": "images",
+            "data_uri": labelled, "image_shape": "8x8x1", "epochs": 2,
+            "min_accuracy": 0.3, "data_until": days[1].removeprefix("dt=")}
+    first = _trigger(stack, DAG_ID, conf)
+    assert _ended(stack, DAG_ID, first, timeout=420.0)["state"] == "success", \
+        stack.diagnostics(first)
+    land(incoming, labelled, days[2])
+    drifted = _trigger(stack, DAG_ID, {**conf, "data_until": days[2].removeprefix("dt="),
+                                       "window_days": 1})
+    assert _ended(stack, DAG_ID, drifted)["state"] == "failed"
+    assert stack.task_states(drifted)["validate_data"] == "failed"
+    alert = _wait_for_alert(webhook, drifted, "validation_refused")
+    assert alert["subject"] == f"data validation refused the night: {DAG_ID} run {drifted}"
+    assert alert["lines"][0].startswith("the staged data failed validation")
+    assert any(line.startswith("drift:") for line in alert["lines"]), alert["lines"]
+    assert _webhook_kinds(webhook, drifted)["validation_refused"] == 1
+    assert "task_failed" not in _webhook_kinds(webhook, drifted)  # one alert, not two
+    assert _mailed(smtp, f"data validation refused the night: {DAG_ID} run {drifted}") == 1
