@@ -122,7 +122,7 @@ class Step(BaseOperator):
         timed = records.timing(run_dir, ti, dag_run, self.upstream_task_ids, entered,
                                imported)
         self.log.info("%s", timed.line())
-        graph = {t.task_id: sorted(t.downstream_task_ids) for t in self.dag.tasks}
+        graph = _steps_graph(self.dag)
 
         def record(state: str, value: Any) -> None:
             timed.finish()
@@ -182,6 +182,20 @@ class Step(BaseOperator):
 
     def work(self, cfg: Any, context: Any) -> Any:
         raise NotImplementedError
+
+
+def _steps_graph(dag: Any) -> dict[str, list[str]]:
+    """Each step's downstream steps, through the tasks that are not steps (the approval:
+    Airflow's own operator, which keeps no record), as the run's records show them."""
+    steps = {t.task_id for t in dag.tasks if isinstance(t, Step)}
+
+    def below(task_id: str) -> set[str]:
+        found: set[str] = set()
+        for down in dag.get_task(task_id).downstream_task_ids:
+            found |= {down} if down in steps else below(down)
+        return found
+
+    return {step: sorted(below(step)) for step in steps}
 
 
 class _ModelStep(Step):
