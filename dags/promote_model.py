@@ -5,7 +5,8 @@ Moves a model's production pointer to the version you name, through the same che
 every promotion (every file downloaded and verified, the model loaded safely, a
 compare-and-swap against production), and records in the promotion history who
 triggered it and why. The Models page's "promote this version" and "roll back to this
-version" links open this form filled in for that version.
+version" links open a form of the page's own, filled in for that version, which
+triggers this DAG as you (Airflow 3.3's trigger form cannot be filled from a link).
 
 Who may: whoever Airflow lets trigger this DAG. A model or version that does not exist,
 a version whose files are corrupt, or an empty reason fails the run at once, saying

@@ -1,7 +1,8 @@
 """Promote or roll back a model version by hand, from the Airflow UI (``promote_model``).
 
-A person fills the ``promote_model`` DAG's trigger form (or follows a Models page row's
-"promote this version" / "roll back to this version" link, which fills it for them):
+A person fills the ``promote_model`` DAG's trigger form (or a Models page row's
+"promote this version" / "roll back to this version" link opens the page's own form,
+filled in, which triggers the DAG as that person):
 the model, the version, promote or roll back, and why. ``move_pointer`` then moves the
 production pointer through the same checks as every promotion
 (``ModelRegistry.promote``: every file downloaded and verified against the manifest,
