@@ -21,7 +21,6 @@ DAGs and operators import one module for both.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -198,6 +197,8 @@ async def deadline_missed(context: Any = None, **kwargs: Any) -> str:
     "deadline": {"id", "deadline_time"}}``; other keyword arguments are ignored.
     Returns what happened as one line: Airflow 3.3 stores the callback's return value
     in a text column, and a dict there crashed the triggerer on SQLite."""
+    import asyncio  # here: the DAG file imports this module at every parse
+
     run = (context or {}).get("dag_run") or {}
     deadline = (context or {}).get("deadline") or {}
     dag_id = run.get("dag_id") or "keras_retrain"
@@ -224,7 +225,7 @@ def _conn_ids(deployment: Deployment | None) -> tuple[str, str]:
 
 def send(alert: Alert, deployment: Deployment | None = None) -> dict[str, str]:
     """Send ``alert`` through each configured connection (``deployment``'s, default
-    ``Deployment.from_env()``). Returns per channel ``"sent"``, ``"not configured"``
+    ``alert_conn_ids_from_env()``). Returns per channel ``"sent"``, ``"not configured"``
     (no such connection) or ``"failed: <why>"``; never raises."""
     email_id, webhook_id = _conn_ids(deployment)
     outcome = {"email": _deliver("email", email_id, alert, _send_email),
