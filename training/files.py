@@ -78,3 +78,16 @@ def finish_dir_swap(target: str | os.PathLike[str], *, last_file: str) -> None:
             old.rename(target)
     shutil.rmtree(new, ignore_errors=True)
     shutil.rmtree(old, ignore_errors=True)
+
+
+def settled_dir(target: str | os.PathLike[str], *, last_file: str) -> Path | None:
+    """The directory ``finish_dir_swap(target, last_file=...)`` would leave at ``target``
+    (``target`` itself, a complete ``<target>.new`` or ``<target>.old``), or None: what
+    a reader that must not move anything (another process's directory) looks at."""
+    target = Path(target)
+    new, old = pending_dir(target), _previous_dir(target)
+    if target.exists():
+        return target
+    if (new / last_file).exists():
+        return new
+    return old if old.exists() else None

@@ -42,6 +42,14 @@ class ModelConfig(Section):
         key="model_weights", pattern=r"^$|^\S+\.weights\.h5$",
         says="empty, or a path or s3:// URI of a .weights.h5 file",
     )
+    warm_start: bool = setting(
+        False, "Start from the weights of this model name's production version (read "
+        "from the store, verified) instead of fresh ones; refused, naming the "
+        "difference, when its architecture differs (layers, weight shapes, input shape, "
+        "classes); with nothing in production the run trains from fresh weights and "
+        "says so. The learning-rate schedule and early stopping apply as usual.",
+        key="warm_start",
+    )
     freeze_epochs: int = setting(
         0, "Epochs the backbone stays frozen while the head trains; then its top "
         "unfreeze_layers layers train at fine_tune_lr_factor times the learning rate "
@@ -62,6 +70,12 @@ class ModelConfig(Section):
         """The model exists and takes these arguments (its builder is loaded: for an
         installed or referenced model, the user's module is imported here)."""
         check_args(self.name, resolve(self.name), self.args)
+        if self.warm_start and self.weights:
+            raise ConfigError(
+                f"model.warm_start is true and model.weights names {self.weights!r}: the "
+                "production model's weights would replace the backbone's pretrained ones "
+                "whole; set model.weights empty to warm-start, or model.warm_start false "
+                "to start from those weights")
         if self.unfreeze_layers and not self.freeze_epochs:
             raise ConfigError(
                 f"model.unfreeze_layers is {self.unfreeze_layers} but model.freeze_epochs "

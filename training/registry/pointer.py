@@ -9,7 +9,9 @@ the SHA-256 of its own canonical JSON, checked on every read.
 
 Each history record says what happened (``action``: ``promoted``, ``rollback``, or a
 decision that moved nothing: ``rejected`` by a reviewer, ``timed out`` waiting for one,
-with the version in ``rejected``) and, when a person did it, who (``by``). A decision
+with the version in ``rejected``), when a person did it, who (``by``), and for a
+version trained from production's weights (``model.warm_start``), which version it
+started from (``warm_started_from``, read from the version's ``run.json``). A decision
 that moved nothing before anything was promoted leaves a pointer whose ``version`` is
 None.
 
@@ -26,7 +28,7 @@ from typing import Any
 from training.data.manifest import dumps
 from training.errors import ConflictError, IntegrityError, RegistryError, shown
 from training.files import sha256_bytes
-from training.layout import pointer_key, validate_name
+from training.layout import RUN, pointer_key, validate_name, version_key
 
 __all__ = ["ProductionPointer", "check_run_id", "check_time"]
 
@@ -155,11 +157,25 @@ class ProductionPointer:
             raise RegistryError(
                 f"refusing to promote model {name!r} version {version!r}: {exc}"
             ) from exc
+        origin = self._warm_started_from(name, version)
         record = {"from": current, "to": version, "run_id": run_id, "at": at,
                   "reason": reason, "forced": bool(forced), "action": action,
-                  **({"by": by} if by else {})}
+                  **({"by": by} if by else {}),
+                  **({"warm_started_from": origin} if origin else {})}
         return self._write_pointer(name, pointer, etag, version, record,
                                    f"promotion of model {name!r} to {version!r}")
+
+    def _warm_started_from(self, name: str, version: str) -> str | None:
+        """The production version ``version``'s training started from (its
+        ``run.json``'s ``warm_start``, ``training.train.warm_start``), or None. A store
+        that does not answer fails the promotion before the pointer moves."""
+        found = self.store.get_with_etag(version_key(name, version, RUN))
+        if found is None:
+            return None
+        try:
+            return (json.loads(found[0]).get("warm_start") or {}).get("from_version")
+        except (ValueError, AttributeError):  # not a run record
+            return None
 
     def record_decision(self, name: str, version: str, *, action: str, run_id: str,
                         at: str, reason: str, by: str | None = None) -> dict[str, Any]:

@@ -207,6 +207,17 @@ def _config_rows(config: Mapping[str, Any]) -> list[tuple[str, str, Any]]:
     return rows
 
 
+def _starting_weights(run: Mapping[str, Any]) -> str | None:
+    """Where training started when ``model.warm_start`` was on (run.json's
+    ``warm_start``): "warm-started from <version>", or why it could not; None when off."""
+    warm = run.get("warm_start")
+    if not isinstance(warm, Mapping):
+        return None
+    if warm.get("from_version"):
+        return f"warm-started from {warm['from_version']} (production's weights)"
+    return str(warm.get("note") or "warm start on, from fresh weights")
+
+
 def render_report(*, history: Mapping[str, Any] | None, evaluation: Mapping[str, Any] | None,
                   config: Mapping[str, Any] | None, run: Mapping[str, Any] | None,
                   marks: Mapping[str, Any] | None,
@@ -227,6 +238,7 @@ def render_report(*, history: Mapping[str, Any] | None, evaluation: Mapping[str,
         back=back,
         dataset_key=evaluation_.get("dataset") or (run_.get("dataset") or {}).get("key"),
         started=run_.get("started_at"),
+        starting_weights=_starting_weights(run_),
         decision=_decision(evaluation) if evaluation is not None else None,
         holdout=_holdout(evaluation) if evaluation is not None else None,
         data=_data(data_stats) if data_stats is not None else None,

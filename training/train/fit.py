@@ -43,7 +43,7 @@ from training.data.staging import StagedDataset
 from training.errors import ConfigError
 from training.layout import TRAINED, model_dir
 from training.locks import claim_run
-from training.train import keras_patches, models
+from training.train import keras_patches, models, warm_start
 from training.train.export import export
 from training.train.models import pretrained
 from training.train.strategy import precision_policy, resolve, steps_per_execution
@@ -254,6 +254,8 @@ def _train(cfg: RunConfig, staged: StagedDataset, resolved: Any,
             jit_compile=cfg.runtime.jit_compile,
         )
         weights, tuning = pretrained.prepare(cfg.model, model)
+    # model.warm_start: production's weights as the start (training.train.warm_start).
+    warm = warm_start.start(cfg, model, resolved.strategy, final_dir)
     (out / layout.RUN).write_text(json.dumps({
         "run_id": cfg.run_id,
         "started_at": _started_at(out / layout.RUN),
@@ -261,6 +263,7 @@ def _train(cfg: RunConfig, staged: StagedDataset, resolved: Any,
         "strategy": resolved.to_dict(),
         "software": software_versions(),
         "pretrained_weights": weights,
+        "warm_start": warm,
     }, indent=2) + "\n")
     callbacks = [*make_callbacks(cfg.fit, run_dir, tuning), *extra_callbacks]
     backup = next(c for c in callbacks if isinstance(c, ResumableBackup))
