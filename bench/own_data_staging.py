@@ -1,133 +1,204 @@
-"""Benchmark 8: staging a team's own images from S3, against a plain boto3 + PIL loop.
+"""Benchmark 8: staging a team's own images from SeaweedFS at the S3 server's pace.
 
-10,000 distinct 28x28 grayscale PNGs (the digits, upscaled, with per-copy noise) are
-landed as one partition ``dt=2026-11-28/<label>/<n>.png`` (``_SUCCESS`` last) in a
-bucket of moto's standalone server on 127.0.0.1. Then, alternating, ``--reps`` times,
-in one process each as a task would (so TensorFlow's import is outside both timings):
+SeaweedFS (``weed mini``, the tests' ``S3Server``: 127.0.0.1, free ports, a temporary
+directory, stopped at the end) holds ``2 x --images`` 28x28x1 PNGs landed as days of
+``--per-day`` (``_team_images.py``; ``_SUCCESS`` last). Then, alternating (the order
+turned every repetition), ``--reps`` times, each in a child process with its imports
+done before the clock starts (as in a task):
 
-- **ours**: ``staging.stage`` with ``data_source`` images into a fresh staging
-  directory: list, fetch and decode (16 threads), split by hash, write the tfds shards,
-  the manifest and the statistics;
-- **plain**: one ``list_objects_v2`` paginator and a ``get_object`` + ``PIL.Image.open``
-  + ``convert("L")`` + ``resize`` + ``numpy.asarray`` per object, in a loop, keeping
-  the arrays in memory: what a script would do, with nothing written.
+- **staging**: ``training.data.staging.stage`` of the first ``--images`` (``until`` =
+  their last day, no window) into a fresh staging directory, the S3 options of the
+  team's identity: list, fetch, decode, split, shards, manifest, statistics; its peak
+  RSS during the call (``VmHWM`` reset after the imports) and its RSS before it;
+- **GET loop**: the same listing, then a ``ThreadPoolExecutor`` of boto3 ``get_object``
+  + ``read()`` over the same objects, nothing decoded or written: what the server
+  gives, for each of ``--threads`` (best of them).
 
-Prints images/s of both and the ratio (ours / plain). No target: the ratio is reported.
+Then staging of all ``2 x --images`` (``--scale-reps`` times): memory must be flat in
+the number of images, so its peak RSS above the imports is printed beside the first's.
 
-    .venv/bin/python bench/own_data_staging.py [--images 10000] [--reps 2]
+Target: staging >= 0.8x the best GET loop in images/s. Peak RSS: reported.
+
+    .venv/bin/python bench/own_data_staging.py [--images 6000] [--per-day 600]
+        [--reps 3] [--threads 16 32] [--scale-reps 1]
 """
 
 from __future__ import annotations
 
 import argparse
-import io
+import dataclasses
+import json
+import math
+import shutil
 import sys
 import tempfile
+import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from _common import ROOT, Report, median, run_python
+from _team_images import SHAPE, day, land_days
 
-from _common import Report, median, run_python  # noqa: E402
-from support.s3server import MotoServer  # noqa: E402
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+from support.s3server import S3Server  # noqa: E402
 
-PARTITION = "dt=2026-11-28"
+LIMIT = 0.8
+PREFIX = "team/labelled"
 
-OURS = '''
-import json, time
+MEMORY = '''
+def rss_kb(field):
+    for line in open("/proc/self/status"):
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+def reset_peak():
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # resets VmHWM to the current RSS
+        return True
+    except OSError:
+        return False
+'''
+
+STAGE = MEMORY + '''
+import contextlib, io, json, time
 from training.config import DatasetConfig
 from training.data import staging
 from training.registry.s3 import S3Options
-import tensorflow, tensorflow_datasets  # imported before the clock starts, as in a task
+import tensorflow, tensorflow_datasets  # imported before the clock, as in a task
 options = S3Options(**json.loads({options!r}))
-start = time.perf_counter()
-staged = staging.stage(DatasetConfig(name="bench_images", source="images", uri={uri!r},
-                                     image_shape="28x28x1", staging_dir={staging!r}),
-                       options)
-print(json.dumps({{"seconds": time.perf_counter() - start, "key": staged.key}}))
+cfg = DatasetConfig(**json.loads({cfg!r}))
+before = rss_kb("VmRSS")
+reset = reset_peak()
+with contextlib.redirect_stdout(io.StringIO()):
+    start = time.perf_counter()
+    staged = staging.stage(cfg, options)
+    seconds = time.perf_counter() - start
+print(json.dumps({{"seconds": seconds, "key": staged.key, "rss_before_kb": before,
+                  "peak_kb": rss_kb("VmHWM"), "peak_reset": reset}}))
 '''
 
-PLAIN = '''
-import io, json, time
-import boto3, numpy as np
-from PIL import Image
-client = boto3.client("s3", endpoint_url={endpoint!r}, region_name="us-east-1",
-                      aws_access_key_id="testing-key-id",
-                      aws_secret_access_key="testing-secret")
+GET_LOOP = '''
+import json, time
+from concurrent.futures import ThreadPoolExecutor
+import boto3
+from botocore.config import Config
+options = json.loads({options!r})
+client = boto3.client(
+    "s3", endpoint_url=options["endpoint_url"], region_name=options["region_name"],
+    aws_access_key_id=options["aws_access_key_id"],
+    aws_secret_access_key=options["aws_secret_access_key"],
+    config=Config(s3={{"addressing_style": "path"}}, max_pool_connections={threads}))
+partitions = set(json.loads({partitions!r}))
 start = time.perf_counter()
-images = []
-for page in client.get_paginator("list_objects_v2").paginate(Bucket={bucket!r},
-                                                               Prefix={prefix!r}):
-    for item in page.get("Contents", []):
-        if not item["Key"].endswith(".png"):
-            continue
-        body = client.get_object(Bucket={bucket!r}, Key=item["Key"])["Body"].read()
-        with Image.open(io.BytesIO(body)) as image:
-            images.append(np.asarray(image.convert("L").resize((28, 28)), dtype=np.uint8))
-print(json.dumps({{"seconds": time.perf_counter() - start, "images": len(images)}}))
+keys = [item["Key"] for page in client.get_paginator("list_objects_v2").paginate(
+            Bucket={bucket!r}, Prefix={prefix!r}) for item in page.get("Contents", [])]
+keys = [k for k in keys if k.endswith(".png") and k.split("/")[2] in partitions]
+def get(key):
+    return len(client.get_object(Bucket={bucket!r}, Key=key)["Body"].read())
+with ThreadPoolExecutor({threads}) as pool:
+    total = sum(pool.map(get, keys))
+print(json.dumps({{"seconds": time.perf_counter() - start, "images": len(keys),
+                  "bytes": total}}))
 '''
 
 
-def write_images(root: Path, count: int) -> None:
-    """``count`` distinct PNGs under ``root/<label>/``."""
-    import numpy as np
-    from PIL import Image
-    from sklearn.datasets import load_digits
+def last_line(output: str) -> dict:
+    return json.loads(output.strip().splitlines()[-1])
 
-    digits = load_digits()
-    rng = np.random.default_rng(8)
-    for n in range(count):
-        index = n % len(digits.target)
-        base = np.kron(digits.images[index] * (255.0 / 16.0), np.ones((4, 4)))[2:30, 2:30]
-        noisy = np.clip(base + rng.normal(0, 8, base.shape), 0, 255).astype(np.uint8)
-        label_dir = root / str(digits.target[index])
-        label_dir.mkdir(parents=True, exist_ok=True)
-        buffer = io.BytesIO()
-        Image.fromarray(noisy).save(buffer, format="PNG")
-        (label_dir / f"{n:05d}.png").write_bytes(buffer.getvalue())
+
+def stage_child(options: dict, uri: str, days: int, staging_dir: str) -> dict:
+    cfg = {"name": "bench_own", "source": "images", "uri": uri, "image_shape": SHAPE,
+           "staging_dir": staging_dir, "until": day(days), "window_days": 0}
+    result = last_line(run_python(STAGE.format(options=json.dumps(options),
+                                               cfg=json.dumps(cfg))))
+    shutil.rmtree(staging_dir, ignore_errors=True)
+    return result
+
+
+def get_loop_child(options: dict, bucket: str, days: int, threads: int) -> dict:
+    partitions = [f"dt={day(n)}" for n in range(1, days + 1)]
+    return last_line(run_python(GET_LOOP.format(
+        options=json.dumps(options), bucket=bucket, prefix=f"{PREFIX}/", threads=threads,
+        partitions=json.dumps(partitions))))
+
+
+def mb(kb: float) -> str:
+    return f"{kb / 1024:,.0f} MB"
 
 
 def main() -> None:
-    import dataclasses
-    import json
-
-    from training.data.landing import land
-
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--images", type=int, default=10_000)
-    parser.add_argument("--reps", type=int, default=2)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--images", type=int, default=6000)
+    parser.add_argument("--per-day", type=int, default=600)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--threads", type=int, nargs="+", default=[16, 32])
+    parser.add_argument("--scale-reps", type=int, default=1,
+                        help="stagings of 2 x --images for the memory scaling (0: none)")
     args = parser.parse_args()
-    report = Report(f"Staging {args.images} own images from a local S3 server")
-    server = MotoServer()
+    days = math.ceil(args.images / args.per_day)
+    images = days * args.per_day
+    report = Report(f"Own images from SeaweedFS on 127.0.0.1: staging vs a threaded boto3 "
+                    f"GET loop ({images} images, {days} days)")
+    work = Path(tempfile.mkdtemp(prefix="bench-own-"))
+    server = S3Server(work / "s3")
     server.start()
     try:
         bucket = server.create_bucket()
-        source = Path(tempfile.mkdtemp(prefix="bench-own-")) / "incoming"
-        write_images(source / PARTITION, args.images)
-        uri = f"s3://{bucket}/team/labelled"
-        options = server.options(read_timeout_s=600)
-        land(source, uri, PARTITION, store_options=options)
-        options_json = json.dumps(dataclasses.asdict(options))
-        ours, plain = [], []
-        for _ in range(args.reps):
-            staging = tempfile.mkdtemp(prefix="bench-own-staging-")
-            mine = json.loads(run_python(OURS.format(options=options_json, uri=uri,
-                                                     staging=staging)).splitlines()[-1])
-            theirs = json.loads(run_python(PLAIN.format(
-                endpoint=server.endpoint, bucket=bucket,
-                prefix=f"team/labelled/{PARTITION}/")).splitlines()[-1])
-            assert theirs["images"] == args.images, theirs
-            ours.append(mine["seconds"])
-            plain.append(theirs["seconds"])
-            report.figure(f"rep: ours {mine['seconds']:.1f} s ({mine['key']}), "
-                          f"plain {theirs['seconds']:.1f} s")
-        rate_ours, rate_plain = args.images / median(ours), args.images / median(plain)
-        report.figure(f"ours (staging.stage, images, 16 threads, tfds shards + manifest + "
-                      f"statistics): {rate_ours:,.0f} images/s (median {median(ours):.1f} s)")
-        report.figure(f"plain boto3 + PIL loop (in memory, nothing written): "
-                      f"{rate_plain:,.0f} images/s (median {median(plain):.1f} s)")
-        report.figure(f"ratio ours / plain: {rate_ours / rate_plain:.2f}x")
+        uri = f"s3://{bucket}/{PREFIX}"
+        options = dataclasses.asdict(server.options(read_timeout_s=60))
+        start = time.perf_counter()
+        land_days(uri, range(1, 2 * days + 1), args.per_day,
+                  store_options=server.options(read_timeout_s=60))
+        report.figure(f"landed {2 * days} days of {args.per_day} PNGs on SeaweedFS "
+                      f"({server.endpoint}) in {time.perf_counter() - start:.0f} s")
+        stagings: list[dict] = []
+        loops: dict[int, list[float]] = {t: [] for t in args.threads}
+        contenders = ["staging", *args.threads]
+        for rep in range(args.reps):
+            for contender in contenders if rep % 2 == 0 else reversed(contenders):
+                if contender == "staging":
+                    result = stage_child(options, uri, days, str(work / f"staging-{rep}"))
+                    stagings.append(result)
+                    figure = f"staging {result['seconds']:.1f} s"
+                else:
+                    result = get_loop_child(options, bucket, days, contender)
+                    assert result["images"] == images, result
+                    loops[contender].append(result["seconds"])
+                    figure = f"GET loop x{contender} {result['seconds']:.1f} s"
+                report.figure(f"rep {rep + 1}: {figure}")
+        scaled = [stage_child(options, uri, 2 * days, str(work / f"staging-2x-{rep}"))
+                  for rep in range(args.scale_reps)]
+
+        staging_rate = images / median([s["seconds"] for s in stagings])
+        loop_rates = {t: images / median(seconds) for t, seconds in loops.items()}
+        best = max(loop_rates, key=loop_rates.get)
+        report.figure(f"staging (staging.stage, fresh staging directory): {staging_rate:,.0f}"
+                      f" images/s (median {median([s['seconds'] for s in stagings]):.1f} s, "
+                      f"{args.reps} reps)")
+        for threads, rate in loop_rates.items():
+            report.figure(f"GET loop, {threads} threads (list + get_object + read): "
+                          f"{rate:,.0f} images/s (median {median(loops[threads]):.1f} s)")
+        peak = median([s["peak_kb"] for s in stagings])
+        growth = median([s["peak_kb"] - s["rss_before_kb"] for s in stagings])
+        reset = all(s["peak_reset"] for s in stagings + scaled)
+        report.figure(f"staging's peak RSS at {images} images: {mb(peak)} ({mb(growth)} above "
+                      f"its RSS after the imports" + ("" if reset else "; VmHWM could not be "
+                      "reset: the peak includes the imports") + ")")
+        if scaled:
+            peak2 = median([s["peak_kb"] for s in scaled])
+            growth2 = median([s["peak_kb"] - s["rss_before_kb"] for s in scaled])
+            report.figure(f"staging's peak RSS at {2 * images} images: {mb(peak2)} "
+                          f"({mb(growth2)} above the imports; "
+                          f"{2 * images / median([s['seconds'] for s in scaled]):,.0f} "
+                          f"images/s): the growth above the imports is "
+                          f"{growth2 / max(growth, 1):.2f}x the one at {images} (flat: 1.0)")
+        ratio = staging_rate / loop_rates[best]
+        report.target(f"staging >= {LIMIT}x the best threaded GET loop (images/s)",
+                      ratio >= LIMIT, f"{staging_rate:,.0f} vs {loop_rates[best]:,.0f} "
+                      f"images/s ({best} threads): {ratio:.2f}x")
     finally:
-        server.kill()
+        server.stop()
+        shutil.rmtree(work, ignore_errors=True)
     report.finish()
 
 
