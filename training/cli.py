@@ -127,6 +127,16 @@ def build_parser() -> argparse.ArgumentParser:
     models.add_argument("--name", help="model name (all models for list)")
     models.add_argument("--version", help="version id (show, promote, rollback)")
     models.add_argument("--reason", default="", help="why (promote, rollback)")
+    clean = sub.add_parser(
+        "clean-staging", allow_abbrev=False,
+        help="Remove the team's staged snapshots and partition shards that no run, no "
+             "production model and no kept snapshot refers to (docs/datasets.md).")
+    for flag, text in (("staging_dir", None), ("output_dir", "where the runs are"),
+                       ("store_uri", "the registry whose production models keep data")):
+        clean.add_argument("--" + flag.replace("_", "-"), default=_default(flag), help=text)
+    clean.add_argument("--keep-latest", type=int, default=1, metavar="N",
+                       help="also keep each dataset's N most recently staged snapshots")
+    clean.add_argument("--dry-run", action="store_true", help="list, remove nothing")
     schema = sub.add_parser("schema", help="Print the config's JSON Schema.", allow_abbrev=False)
     schema.add_argument("--flat", action="store_true", help="flat keys, as the trigger form")
     schema.add_argument("--markdown", action="store_true",
@@ -162,6 +172,8 @@ def execute(args: argparse.Namespace) -> int:
     if args.command == "models":
         _check_models_args(args)
         return _models(args)
+    if args.command == "clean-staging":
+        return _clean_staging(args)
     cfg = load_config(args)
     if args.command in ("publish", "run") and cfg.promotion.require_approval:
         raise ConfigError(
@@ -265,6 +277,14 @@ def _models(args: argparse.Namespace) -> int:
         out = registry.rollback(args.name, args.version, run_id=f"rollback-{args.version}",
                                 at=now, note=args.reason)
     print(json.dumps(out, indent=2))
+    return 0
+
+
+def _clean_staging(args: argparse.Namespace) -> int:
+    from training.data.staging_cleanup import clean_staging
+
+    print(json.dumps(clean_staging(args.staging_dir, args.output_dir, args.store_uri,
+                                   keep_latest=args.keep_latest, dry_run=args.dry_run)))
     return 0
 
 

@@ -23,7 +23,9 @@ The store (a local directory or ``s3://bucket/prefix``)::
     models/<name>/production.json                      the pointer and its history
 
 A staged dataset lives under ``<staging_dir>/<name>/<version>/`` with
-``staging-manifest.json`` beside tensorflow-datasets' own files.
+``staging-manifest.json`` beside tensorflow-datasets' own files; a team's snapshot
+holds links to its partitions' shards, kept under ``<staging_dir>/<name>/partitions/``
+(``data/own_snapshot.py``).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ buckets) and ``team``, limited to the buckets named ``test-*`` the way a store i
 of the stack is limited to its bucket; ``options()`` and ``connection()`` are the team's.
 The keys go to the server's config file and the clients only.
 
-``MotoServer`` (moto's standalone server) is left for two benchmarks only, see there.
+``MotoServer`` (moto's standalone server) is left for ``bench/publishing.py`` only.
 """
 
 from __future__ import annotations
@@ -145,10 +145,10 @@ class S3Server:
 class MotoServer:
     """moto's standalone server in a child process: no test uses it any more.
 
-    Kept for ``bench/publishing.py`` and ``bench/own_data_staging.py``, which import it
-    and whose numbers in ``docs/benchmarks.md`` (5 and 8) were measured on it; moved to
-    ``S3Server`` (and measured again) they no longer need it, nor the dev dependency
-    ``moto[server]``. Any keys pass here: moto checks no signature."""
+    Kept for ``bench/publishing.py``, which imports it and whose number in
+    ``docs/benchmarks.md`` (5) was measured on it; moved to ``S3Server`` (and measured
+    again) it no longer needs it, nor the dev dependency ``moto[server]``. Any keys
+    pass here: moto checks no signature."""
 
     KEY, SECRET = "testing-key-id", "testing-secret"
 

@@ -15,10 +15,11 @@ partition without its marker is still being landed and is left out (logged).
 
 **The snapshot**: its id is the SHA-256 of the selected partitions' object keys and
 ``_SUCCESS`` markers, the image shape and the split rule, so the same night staged again
-is the same snapshot (a cache hit) and a new partition makes a new one. The snapshot is
-a tensorflow-datasets dataset (``images_tfds.py``) under
-``<staging_dir>/<name>/<snapshot id>/1.0.0/``: it goes through the same staging,
-manifest, verification and input pipeline as ``digits`` or mnist.
+is the same snapshot (a cache hit) and a new partition makes a new one. Each partition
+is decoded once into shards of its own (``partition_shards.py``), and the snapshot under
+``<staging_dir>/<name>/<snapshot id>/1.0.0/`` is the list of its partitions' shards
+(``own_snapshot.py``): it goes through the same staging, manifest and verification as
+``digits`` or mnist, and ``snapshot_reader.py`` reads it back.
 
 **Each image** is decoded with Pillow, converted to the channels asked for (L, RGB,
 RGBA), resized to ``image_shape`` and put in a split by the SHA-256 of its bytes: the
@@ -39,7 +40,6 @@ import tempfile
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import date, timedelta
-from pathlib import Path
 from typing import Any
 
 from training.config import DatasetConfig
@@ -50,8 +50,8 @@ log = logging.getLogger(__name__)
 
 PARTITION = re.compile(r"^dt=(\d{4}-\d{2}-\d{2})$")
 MARKER = SUCCESS  # landing.py writes it last; other tools' empty _SUCCESS works too
-SNAPSHOT_FORMAT = 1  # changes when what the snapshot id covers changes
-FETCH_THREADS = 16
+SNAPSHOT_FORMAT = 2  # changes when what the snapshot id covers or its layout changes
+MARKER_THREADS = 16  # the partitions' markers are read concurrently
 _MODES = {1: "L", 3: "RGB", 4: "RGBA"}
 
 
@@ -140,7 +140,9 @@ class Snapshot:
         except StorageError as exc:
             raise DatasetError(f"cannot list dataset.uri {cfg.uri!r}: {shown(exc)}") from None
         self.partitions, incomplete = select_partitions(keys, cfg.until, cfg.window_days)
-        self.markers = {p: self._get(f"{p}/{MARKER}") for p in self.partitions}
+        with ThreadPoolExecutor(MARKER_THREADS) as pool:
+            self.markers = dict(zip(self.partitions, pool.map(
+                self._get, [f"{p}/{MARKER}" for p in self.partitions]), strict=True))
         for partition, marker in list(self.markers.items()):
             landed = _landed_files(marker)
             if landed == "replacing":  # landing.py is replacing it: not whole right now
@@ -200,71 +202,3 @@ class Snapshot:
                 name = (label.bytes_list.value[0].decode() if label.bytes_list.value
                         else str(label.int64_list.value[0]))
                 yield f"{key}#{index}", name, example["image"].bytes_list.value[0]
-
-
-def prepare_examples(snapshot: Snapshot, cache: Path) -> dict[str, Any]:
-    """Fetch and decode every file of the snapshot (threads), writing each image's array
-    to ``cache``; returns the examples by split, the labels, and what was rejected."""
-    import numpy as np
-
-    cfg = snapshot.cfg
-    cache.mkdir(parents=True, exist_ok=True)
-
-    def fetch(key: str) -> list[tuple[str, str, str, str | None, Any]]:
-        out = []
-        try:
-            for example_key, label, data in snapshot.encoded(key):
-                name = hashlib.sha256(example_key.encode()).hexdigest()[:24] + ".npy"
-                try:
-                    image = decode(data, snapshot.shape)
-                    np.save(cache / name, image)
-                    split = split_of(data, cfg.test_percent, cfg.validation_percent)
-                    out.append((example_key, label, split, name, _moments(image)))
-                except ValueError as exc:
-                    out.append((example_key, label, str(exc), None, None))
-        except Exception as exc:  # a TFRecord file that does not parse
-            out.append((key, "", f"cannot read the file ({type(exc).__name__}: "
-                                 f"{shown(exc)})", None, None))
-        return out
-
-    with ThreadPoolExecutor(FETCH_THREADS) as pool:
-        results = [r for batch in pool.map(fetch, snapshot.files()) for r in batch]
-    rejected = [{"path": r[0], "reason": r[2]} for r in results if r[3] is None]
-    kept = [r for r in results if r[3]]
-    labels = sorted({r[1] for r in kept})
-    splits: dict[str, list[tuple[str, str, str]]] = {"train": [], "validation": [],
-                                                     "test": []}
-    for key, label, split, name, _ in sorted(kept, key=lambda r: r[0]):
-        splits[split].append((key, label, name))
-    return {"splits": splits, "labels": labels, "rejected": rejected,
-            "attempted": len(results), "partition_statistics": _by_partition(kept, labels)}
-
-
-def _moments(image: Any) -> Any:
-    """Per channel: pixel count, sum and sum of squares (float64), to be added up."""
-    import numpy as np
-
-    pixels = image.reshape(-1, image.shape[-1]).astype(np.float64)
-    return np.stack([np.full(pixels.shape[1], len(pixels)), pixels.sum(0),
-                     (pixels ** 2).sum(0)])
-
-
-def _by_partition(kept: list[tuple], labels: list[str]) -> dict[str, dict[str, Any]]:
-    """Each partition's examples, class counts (in ``labels`` order) and per-channel
-    pixel mean and std (0-255), over all its splits: what ``validation.py`` compares a
-    new day with, on its own, so one drifted day is not diluted by the days before."""
-    import numpy as np
-
-    out: dict[str, dict[str, Any]] = {}
-    for partition in sorted({r[0].split("/", 1)[0] for r in kept}):
-        rows = [r for r in kept if r[0].split("/", 1)[0] == partition]
-        count, total, squares = sum(r[4] for r in rows)
-        mean = total / count
-        out[partition] = {
-            "num_examples": len(rows),
-            "class_counts": [sum(1 for r in rows if r[1] == label) for label in labels],
-            "pixel_mean": [round(float(m), 4) for m in mean],
-            "pixel_std": [round(float(s), 4)
-                          for s in np.sqrt(np.maximum(squares / count - mean ** 2, 0.0))],
-        }
-    return out

@@ -1,18 +1,24 @@
 """The tf.data input pipeline over a staged dataset: splits, stages, sharding.
 
-``load_builder`` reads a staged dataset back (no preparation), ``split_names`` gives
-the tfds split expressions for train, validation and test, and ``make_dataset`` builds
-the ``as_supervised`` pipeline that training and evaluation iterate, in these stages::
+``load_builder`` reads a staged dataset back (no preparation; a team's snapshot through
+``snapshot_reader.py``), ``split_names`` gives the tfds split expressions for train,
+validation and test, and ``make_dataset`` builds the ``as_supervised`` pipeline that
+training and evaluation iterate, in these stages::
 
-    read shards (parallel interleave) -> decode (parallel map) -> [cache in memory]
-        -> [seeded shuffle] -> [augment (parallel map)] -> batch -> prefetch
+    cached:     read shards -> decode -> cache in memory -> [shuffle] -> [augment]
+    not cached: read shards -> [shuffle encoded records] -> decode -> [augment]
+                -> batch -> prefetch
 
-* **read, decode**: tfds reads the shard files in parallel and decodes each image
-  (PNG for the team's own images, whatever the dataset stored) in a parallel map; both
-  keep the files' order (``deterministic``), so a seed gives one order.
+* **read**: the shard files are read in parallel and in order (``deterministic``), the
+  images still encoded (``undecoded``), so a seed gives one order.
+* **decode**: a parallel map (PNG for the team's own images, whatever the dataset
+  stored). Not cached, it comes after the shuffle: the shuffle buffer holds small
+  encoded records, and decoding and augmenting overlap the reading from the first
+  batch on, whatever the split's size (before, a buffer as large as the split held
+  every decoded image of the epoch before the first batch came out).
 * **resize** is not a stage here: every staged dataset has one image shape (staging's
   statistics refuse a dataset that does not), and the team's own images are resized
-  once, when their snapshot is staged (``images.py``, 16 threads), not every epoch.
+  once, when their partition is staged (``partition_shards.py``), not every epoch.
 * **cache**: ``dataset.input_cache``. ``auto`` keeps the decoded split in memory when
   its size (examples x image bytes, from the dataset's info) fits in a quarter of the
   memory available to this process (``MemAvailable``, or what the container's cgroup
@@ -47,6 +53,10 @@ def load_builder(staged: Any) -> Any:
     builder reads."""
     import tensorflow_datasets as tfds
 
+    from training.data.snapshot_reader import SnapshotReader, is_snapshot
+
+    if is_snapshot(staged.path):  # a team's data: its partitions' shards
+        return SnapshotReader(staged.path)
     if (Path(staged.path) / "dataset_info.json").is_file():
         return tfds.builder_from_directory(staged.path)
     return get_builder(staged.name, staged.version, staged.staging_dir)
@@ -91,15 +101,8 @@ def make_dataset(
     """
     import numpy as np
     import tensorflow as tf
-    import tensorflow_datasets as tfds
 
-    # tfds would also cache a small split on its own (try_autocache): the decision is
-    # input_cache's, so that ``none`` reads again and nothing is held twice.
-    read_config = tfds.ReadConfig(num_parallel_calls_for_interleave_files=tf.data.AUTOTUNE,
-                                  num_parallel_calls_for_decode=tf.data.AUTOTUNE,
-                                  try_autocache=False)
-    ds = builder.as_dataset(split=split, as_supervised=True, shuffle_files=False,
-                            read_config=read_config)
+    ds, decode = undecoded(builder, split)
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
     options.deterministic = True
@@ -107,7 +110,7 @@ def make_dataset(
     keep, why = cache_plan(cache, decoded_bytes(builder, split), available_memory())
     log.info("input %s: %s (%s)", split, "cached in memory" if keep else "not cached", why)
     if keep:
-        ds = ds.cache()
+        ds = ds.map(decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).cache()
         # Fill the in-memory cache with one pass now. Keras starts each epoch's iterator
         # while the previous one may still be alive (prefetch threads); a second
         # iterator over a half-filled cache reads only what is cached (seen: a
@@ -116,9 +119,36 @@ def make_dataset(
         ds.reduce(np.int64(0), lambda count, _: count + 1)
     if shuffle:
         ds = ds.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
+    if not keep:  # after the shuffle, which holds encoded records: decode overlaps it
+        ds = ds.map(decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     if augment != "none":  # flip, crop, flip_crop
         ds = augmented(ds, tuple(augment.split("_")), seed)
     return ds.batch(global_batch_size).prefetch(tf.data.AUTOTUNE)
+
+
+def undecoded(builder: Any, split: str) -> tuple[Any, Any]:
+    """A split's ``(encoded image, label)`` pairs, read in parallel and in order, and
+    the function that decodes one pair."""
+    import tensorflow as tf
+    import tensorflow_datasets as tfds
+
+    if hasattr(builder, "undecoded"):  # a team's snapshot (snapshot_reader.py)
+        return builder.undecoded(split), builder.decode
+    # tfds would also cache a small split on its own (try_autocache): the decision is
+    # input_cache's, so that ``none`` reads again and nothing is held twice.
+    read_config = tfds.ReadConfig(num_parallel_calls_for_interleave_files=tf.data.AUTOTUNE,
+                                  num_parallel_calls_for_decode=tf.data.AUTOTUNE,
+                                  try_autocache=False)
+    image_key = (builder.info.supervised_keys or ("image",))[0]
+    feature = builder.info.features[image_key]
+    ds = builder.as_dataset(split=split, as_supervised=True, shuffle_files=False,
+                            read_config=read_config,
+                            decoders={image_key: tfds.decode.SkipDecoding()})
+
+    def decode(image: Any, label: Any) -> Any:
+        return feature.decode_example(image), label
+
+    return ds, decode
 
 
 def decoded_bytes(builder: Any, split: str) -> int | None:

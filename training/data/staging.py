@@ -1,11 +1,11 @@
 """Staging: a dataset prepared once into a fingerprinted snapshot, verified before use.
 
-Staging prepares a dataset's tfds builder (``catalog.py``) once into
-``<staging_dir>/<name>/<version>/`` and then writes ``staging-manifest.json``
-(``layout.STAGING_MANIFEST``) last, listing every file with its size and SHA-256
-(``manifest.py``) and a content fingerprint: the SHA-256 of every file that training
-reads (the shards, ``features.json``, label files; all but tfds's ``dataset_info.json``
-bookkeeping). The staged dataset is keyed by name + version + fingerprint
+Staging prepares a dataset's tfds builder (``catalog.py``; a team's data:
+``own_snapshot.py``) once into ``<staging_dir>/<name>/<version>/`` and then writes
+``staging-manifest.json`` (``layout.STAGING_MANIFEST``) last, listing every file with
+its size and SHA-256 (``manifest.py``) and a content fingerprint: the SHA-256 of every
+file that training reads (the shards, ``features.json``, label files; all but tfds's
+``dataset_info.json`` bookkeeping). The staged dataset is keyed by name + version + fingerprint
 (``digits:1.0.0@3f2a...``); ``StagedDataset`` (here) is that key and where it lives.
 
 * Staging again finds the manifest and prepares nothing (a cache hit, logged).
@@ -157,11 +157,11 @@ def cached(cfg: DatasetConfig, store_options: Any = None) -> StagedDataset | Non
             return None
         version_dir = Path(cfg.staging_dir) / cfg.name / version
     else:
-        from training.data import images_tfds
+        from training.data import own_snapshot
         from training.registry import is_s3, open_store
 
         store = open_store(cfg.uri, store_options if is_s3(cfg.uri) else None)
-        version_dir = Path(images_tfds.SnapshotBuilder(cfg, store).data_dir)
+        version_dir = Path(own_snapshot.SnapshotBuilder(cfg, store).data_dir)
     manifest_path = version_dir / STAGING_MANIFEST
     if not manifest_path.is_file():
         return None
@@ -187,11 +187,11 @@ def stage(cfg: DatasetConfig, store_options: Any = None) -> StagedDataset:
     if cfg.source == "catalog":
         builder = get_builder(cfg.name, cfg.version, cfg.staging_dir)
     else:
-        from training.data import images_tfds
+        from training.data import own_snapshot
         from training.registry import is_s3, open_store
 
         store = open_store(cfg.uri, store_options if is_s3(cfg.uri) else None)
-        builder = images_tfds.SnapshotBuilder(cfg, store)
+        builder = own_snapshot.SnapshotBuilder(cfg, store)
     version_dir = Path(builder.data_dir)
     manifest_path = version_dir / STAGING_MANIFEST
     lock = version_dir.with_name(version_dir.name + ".lock")
@@ -274,17 +274,18 @@ def _check_files(root: Path, manifest: dict[str, Any], what: str) -> None:
 
 
 def _prepare(cfg: DatasetConfig, builder: Any, version_dir: Path) -> dict[str, Any]:
-    """tfds's download_and_prepare, then the manifest, written last."""
-    import tensorflow_datasets as tfds
-
+    """tfds's download_and_prepare (a team's data: its snapshot's), then the manifest,
+    written last."""
     log.info("staging %s: preparing into %s", cfg.name, version_dir)
-    tfds.disable_progress_bar()  # progress bars flood task logs (stderr)
     extra: dict[str, Any] = {}
     try:
         if cfg.source == "catalog":
+            import tensorflow_datasets as tfds
+
+            tfds.disable_progress_bar()  # progress bars flood task logs (stderr)
             builder.download_and_prepare()
         else:
-            extra = builder.prepare()
+            extra = builder.prepare(statistics_key(cfg.validation_fraction), STAGING_WAIT_S)
     except DatasetError:
         import shutil
 
@@ -301,8 +302,9 @@ def _prepare(cfg: DatasetConfig, builder: Any, version_dir: Path) -> dict[str, A
         raise DatasetError(f"cannot prepare dataset {cfg.name!r} into {version_dir}: "
                            f"{type(exc).__name__}: {shown(exc)}") from exc
     version_dir.mkdir(parents=True, exist_ok=True)
-    entries = files_manifest.list_files(version_dir,
-                                        skip=lambda path: path.name == STAGING_MANIFEST)
+    # A snapshot's entries come from its partitions' records (hashed when made).
+    entries = extra.pop("files", None) or files_manifest.list_files(
+        version_dir, skip=lambda path: path.name == STAGING_MANIFEST)
     manifest = {
         "format": MANIFEST_FORMAT,
         "name": cfg.name,
