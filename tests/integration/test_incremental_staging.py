@@ -208,13 +208,20 @@ def test_clean_staging_removes_only_what_no_run_production_or_kept_snapshot_uses
     assert again.fingerprint == latest.fingerprint
 
 
-def test_a_partition_from_s3_streams_with_concurrent_fetches(tmp_path, s3_server, bucket):
+def test_days_are_found_by_folder_and_a_partition_from_s3_is_staged(tmp_path, s3_server, bucket):
     uri = f"s3://{bucket}/team/incremental"
     store = open_store(uri, s3_server.options())
     source = tmp_path / "source"
     write_day(source, DAYS[0], per_label=40)
     land(source, uri, f"dt={DAYS[0]}", store_options=s3_server.options())
+    store.put_bytes(f"dt={DAYS[1]}/cat/0.png", png(1))  # a day still landing
+    assert store.list_folders("") == [f"dt={DAYS[0]}", f"dt={DAYS[1]}"]
+    assert store.list_folders(f"dt={DAYS[0]}/") == ["cat", "dog"]
     staged = staging.stage(own(uri, tmp_path).dataset, s3_server.options())
+    assert manifest_of(staged)["partitions"] == [f"dt={DAYS[0]}"]
     assert sum(manifest_of(staged)["examples"].values()) == 80
-    assert store.exists(f"dt={DAYS[0]}/_SUCCESS")
     staging.verify(staged)
+    local = open_store(os.fspath(tmp_path / "local"))
+    local.put_bytes(f"dt={DAYS[0]}/cat/0.png", b"x")
+    local.put_bytes("notes.txt", b"x")
+    assert local.list_folders("") == [f"dt={DAYS[0]}"] and local.list_folders("nope/") == []

@@ -58,14 +58,10 @@ def manifest_of(staged) -> dict:
 
 
 def test_partitions_are_chosen_by_the_runs_day_and_window():
-    keys = [f"dt={d}/{f}" for d in DAYS for f in ("a/1.png", "_SUCCESS")] + [
-        "dt=2026-12-01/a/1.png", "notes.txt", "dt=bad/a/1.png", "dt=2026-13-45/a/1.png"]
-    chosen, incomplete = select_partitions(keys, "2026-11-29", 0)
-    assert list(chosen) == ["dt=2026-11-28", "dt=2026-11-29"] and incomplete == []
-    chosen, _ = select_partitions(keys, "2026-11-30", 2)
-    assert list(chosen) == ["dt=2026-11-29", "dt=2026-11-30"]
-    chosen, incomplete = select_partitions(keys, None, 0)
-    assert list(chosen) == [f"dt={d}" for d in DAYS] and incomplete == ["dt=2026-12-01"]
+    folders = [f"dt={d}" for d in DAYS] + ["dt=2026-12-01", "notes", "dt=bad", "dt=2026-13-45"]
+    assert select_partitions(folders, "2026-11-29", 0) == ["dt=2026-11-28", "dt=2026-11-29"]
+    assert select_partitions(folders, "2026-11-30", 2) == ["dt=2026-11-29", "dt=2026-11-30"]
+    assert select_partitions(folders, None, 0) == [f"dt={d}" for d in DAYS] + ["dt=2026-12-01"]
 
 
 def test_an_images_split_never_changes_and_follows_its_bytes():

@@ -90,27 +90,23 @@ def decode(data: bytes, shape: tuple[int, int, int]) -> Any:
     return array.reshape(height, width, channels)
 
 
-def select_partitions(keys: list[str], until: str | None, window_days: int
-                      ) -> tuple[dict[str, list[str]], list[str]]:
-    """Complete partitions in range -> their keys (marker included); and the incomplete
-    ones in range that were left out."""
+def select_partitions(folders: list[str], until: str | None, window_days: int) -> list[str]:
+    """The ``dt=YYYY-MM-DD`` folders (real dates) up to ``until`` and within the last
+    ``window_days`` days (0: all), sorted."""
     last = date.fromisoformat(until) if until else None
     first = last - timedelta(days=window_days - 1) if last and window_days else None
-    grouped: dict[str, list[str]] = {}
-    for key in keys:
-        head, _, rest = key.partition("/")
-        match = PARTITION.match(head)
-        if not match or not rest:
+    chosen = []
+    for folder in folders:
+        match = PARTITION.match(folder)
+        if not match:
             continue
         try:
             day = date.fromisoformat(match.group(1))
         except ValueError:  # dt=2026-13-45: not a date, not a partition
             continue
-        if (last and day > last) or (first and day < first):
-            continue
-        grouped.setdefault(head, []).append(key)
-    complete = {p: sorted(k) for p, k in grouped.items() if f"{p}/{MARKER}" in k}
-    return dict(sorted(complete.items())), sorted(set(grouped) - set(complete))
+        if not ((last and day > last) or (first and day < first)):
+            chosen.append(folder)
+    return sorted(chosen)
 
 
 def _landed_files(marker: bytes) -> list[str] | str | None:
@@ -135,22 +131,26 @@ class Snapshot:
     def __init__(self, cfg: DatasetConfig, store: Any) -> None:
         self.cfg, self.store = cfg, store
         self.shape = image_shape(cfg.image_shape)
-        try:
-            keys = store.list("")
+        try:  # the days, not every file of every day: a night lists what it reads
+            in_range = select_partitions(store.list_folders(""), cfg.until, cfg.window_days)
         except StorageError as exc:
             raise DatasetError(f"cannot list dataset.uri {cfg.uri!r}: {shown(exc)}") from None
-        self.partitions, incomplete = select_partitions(keys, cfg.until, cfg.window_days)
         with ThreadPoolExecutor(MARKER_THREADS) as pool:
-            self.markers = dict(zip(self.partitions, pool.map(
-                self._get, [f"{p}/{MARKER}" for p in self.partitions]), strict=True))
-        for partition, marker in list(self.markers.items()):
-            landed = _landed_files(marker)
-            if landed == "replacing":  # landing.py is replacing it: not whole right now
-                del self.partitions[partition], self.markers[partition]
+            markers = list(pool.map(self._marker, in_range))
+        self.partitions: dict[str, list[str]] = {}
+        self.markers: dict[str, bytes] = {}
+        incomplete = []
+        for partition, marker in zip(in_range, markers, strict=True):
+            landed = _landed_files(marker) if marker is not None else "replacing"
+            if landed == "replacing":  # no marker yet, or landing.py is replacing it
                 incomplete.append(partition)
-            elif landed is not None:  # exactly what was landed, not leftovers
-                self.partitions[partition] = sorted(
-                    [f"{partition}/{path}" for path in landed] + [f"{partition}/{MARKER}"])
+                continue
+            if landed is None:  # another tool's marker: every file of the partition
+                keys = self._list(f"{partition}/")
+            else:  # exactly what was landed, not leftovers
+                keys = sorted([f"{partition}/{path}" for path in landed]
+                              + [f"{partition}/{MARKER}"])
+            self.partitions[partition], self.markers[partition] = keys, marker
         for partition in incomplete:
             log.info("staging %s: partition %s has no %s yet (still landing): left out",
                      cfg.name, partition, MARKER)
@@ -162,11 +162,31 @@ class Snapshot:
         digest = hashlib.sha256(json.dumps({
             "format": SNAPSHOT_FORMAT, "source": cfg.source, "shape": cfg.image_shape,
             "split": [cfg.test_percent, cfg.validation_percent],
-            "partitions": {p: {"keys": k, "marker": self.markers[p].hex()}
-                           for p, k in self.partitions.items()},
+            "partitions": {p: self.digest(p) for p in self.partitions},
         }, sort_keys=True).encode())
         self.id = f"{next(iter(self.partitions))[3:]}_{list(self.partitions)[-1][3:]}_" \
                   f"{digest.hexdigest()[:12]}".replace("-", "")
+
+    def digest(self, partition: str) -> dict[str, str]:
+        """What a partition is made of, in two SHA-256s: its object keys and its marker."""
+        return {"keys": hashlib.sha256("\n".join(self.partitions[partition]).encode())
+                .hexdigest(), "marker": hashlib.sha256(self.markers[partition]).hexdigest()}
+
+    def _marker(self, partition: str) -> bytes | None:
+        """A partition's ``_SUCCESS``, None when it has none (still landing)."""
+        try:
+            found = self.store.get_with_etag(f"{partition}/{MARKER}")
+        except StorageError as exc:
+            raise DatasetError(f"cannot read {partition}/{MARKER} of dataset.uri "
+                               f"{self.cfg.uri!r}: {shown(exc)}") from None
+        return None if found is None else found[0]
+
+    def _list(self, prefix: str) -> list[str]:
+        try:
+            return self.store.list(prefix)
+        except StorageError as exc:
+            raise DatasetError(f"cannot list {prefix} of dataset.uri {self.cfg.uri!r}: "
+                               f"{shown(exc)}") from None
 
     def _get(self, key: str) -> bytes:
         try:

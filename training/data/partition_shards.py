@@ -59,8 +59,7 @@ def partition_key(snapshot: Snapshot, partition: str) -> str:
     return hashlib.sha256(json.dumps({
         "format": PARTITION_FORMAT, "source": cfg.source, "shape": cfg.image_shape,
         "split": [cfg.test_percent, cfg.validation_percent], "partition": partition,
-        "keys": snapshot.partitions[partition], "marker": snapshot.markers[partition].hex(),
-    }, sort_keys=True).encode()).hexdigest()[:16]
+        **snapshot.digest(partition)}, sort_keys=True).encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True)

@@ -182,6 +182,18 @@ class FileStore(Store):
         return ObjectInfo(key=key, size=stat.st_size, etag=digest, sha256=digest,
                           modified=stat.st_mtime)
 
+    def list_folders(self, prefix: str = "") -> list[str]:
+        if prefix:
+            check_key(prefix.rstrip("/"))
+        base = self.root.joinpath(*prefix.rstrip("/").split("/")) if prefix else self.root
+        try:
+            return sorted(entry.name for entry in os.scandir(base)
+                          if entry.is_dir() and not entry.name.startswith(INTERNAL_MARK))
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            raise StorageError(f"cannot list {prefix!r} in {self.uri}: {exc}") from exc
+
     def list(self, prefix: str = "") -> list[str]:
         # Walk the deepest directory the prefix names, then filter as S3 does.
         head = prefix.rsplit("/", 1)[0] if "/" in prefix else ""

@@ -339,6 +339,20 @@ class S3Store(Store):
             modified=response["LastModified"].timestamp() if "LastModified" in response else None,
         )
 
+    def list_folders(self, prefix: str = "") -> list[str]:
+        client_error, other_errors = self._calls()
+        full = f"{self.prefix}/{prefix}" if self.prefix else prefix
+        names = []
+        try:
+            paginator = self._client.get_paginator("list_objects_v2")
+            for page in paginator.paginate(Bucket=self.bucket, Prefix=full, Delimiter="/",
+                                           **self._owner()):
+                names.extend(p["Prefix"][len(full):].rstrip("/")
+                             for p in page.get("CommonPrefixes", []))
+        except (client_error, *other_errors) as exc:
+            raise self._fail("list", prefix, exc) from exc
+        return sorted(names)
+
     def list(self, prefix: str = "") -> list[str]:
         client_error, other_errors = self._calls()
         full = f"{self.prefix}/{prefix}" if self.prefix else prefix

@@ -100,6 +100,13 @@ class Store(ABC):
     def list(self, prefix: str = "") -> list[str]:
         """Every key that starts with ``prefix`` (a plain string prefix), sorted."""
 
+    def list_folders(self, prefix: str = "") -> list[str]:
+        """The names of the "folders" directly under ``prefix`` (which ends with '/' or
+        is empty), sorted: ``dt=2026-11-30`` for keys ``dt=2026-11-30/...``. A team's
+        dated partitions are found without listing every file of every day."""
+        return sorted({key[len(prefix):].split("/", 1)[0] for key in self.list(prefix)
+                       if "/" in key[len(prefix):]})
+
     def exists(self, key: str) -> bool:
         return self.head(key) is not None
 
