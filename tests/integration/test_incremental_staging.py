@@ -225,3 +225,35 @@ def test_days_are_found_by_folder_and_a_partition_from_s3_is_staged(tmp_path, s3
     local.put_bytes(f"dt={DAYS[0]}/cat/0.png", b"x")
     local.put_bytes("notes.txt", b"x")
     assert local.list_folders("") == [f"dt={DAYS[0]}"] and local.list_folders("nope/") == []
+
+
+def test_images_landed_at_the_staged_shape_are_kept_as_landed_and_read_the_same(tmp_path):
+    import io
+
+    from PIL import Image
+
+    source, uri = tmp_path / "source", os.fspath(tmp_path / "incoming")
+    landed = {}
+    for i in range(20):
+        pixels = np.random.default_rng(i).integers(0, 256, (8, 8)).astype(np.uint8)
+        out = io.BytesIO()
+        Image.fromarray(pixels).save(out, format="PNG")
+        path = source / f"dt={DAYS[0]}" / ("a" if i % 2 else "b") / f"{i}.png"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(out.getvalue())
+        landed[pixels.tobytes()] = out.getvalue()
+    land(source, uri, f"dt={DAYS[0]}")
+    staged = staging.stage(own(uri, tmp_path, test_percent=30, validation_percent=30).dataset)
+    builder = load_builder(staged)
+    read = [image for split in builder.info.splits
+            for image, _ in tfds.as_numpy(builder.as_dataset(split))]
+    assert sorted(image.tobytes() for image in read) == sorted(landed)
+    # the shards hold the landed bytes themselves: nothing was encoded again
+    import tensorflow as tf
+
+    shard_pngs = {tf.train.Example.FromString(record).features.feature["image"]
+                  .bytes_list.value[0]
+                  for split in builder.info.splits for shard in builder.shards[split]
+                  for record in tf.data.TFRecordDataset(str(Path(staged.path) / shard))
+                  .as_numpy_iterator()}
+    assert shard_pngs == set(landed.values())

@@ -52,7 +52,7 @@ PARTITION = re.compile(r"^dt=(\d{4}-\d{2}-\d{2})$")
 MARKER = SUCCESS  # landing.py writes it last; other tools' empty _SUCCESS works too
 SNAPSHOT_FORMAT = 2  # changes when what the snapshot id covers or its layout changes
 MARKER_THREADS = 16  # the partitions' markers are read concurrently
-_MODES = {1: "L", 3: "RGB", 4: "RGBA"}
+MODES = {1: "L", 3: "RGB", 4: "RGBA"}
 
 
 def image_shape(text: str) -> tuple[int, int, int]:
@@ -79,7 +79,7 @@ def decode(data: bytes, shape: tuple[int, int, int]) -> Any:
     height, width, channels = shape
     try:
         with Image.open(io.BytesIO(data)) as image:
-            image = image.convert(_MODES[channels])
+            image = image.convert(MODES[channels])
             if image.size != (width, height):
                 image = image.resize((width, height), Image.Resampling.BILINEAR)
             array = np.asarray(image, dtype=np.uint8)
@@ -195,10 +195,10 @@ class Snapshot:
             raise DatasetError(f"cannot read {key} of dataset.uri {self.cfg.uri!r}: "
                                f"{shown(exc)}") from None
 
-    def files(self) -> list[str]:
-        """The data files: not the markers or other bookkeeping (names starting with '_'
-        or '.', as _SUCCESS, _LANDING, .crc files)."""
-        return [k for keys in self.partitions.values() for k in keys
+    def files(self, partition: str) -> list[str]:
+        """A partition's data files: not the markers or other bookkeeping (names starting
+        with '_' or '.', as _SUCCESS, _LANDING, .crc files)."""
+        return [k for k in self.partitions[partition]
                 if not k.rsplit("/", 1)[-1].startswith(("_", "."))]
 
     def encoded(self, key: str) -> Iterator[tuple[str, str, bytes]]:

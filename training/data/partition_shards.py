@@ -21,7 +21,7 @@ need: a snapshot reads no image to compute them.
 Fetching is concurrent (``FETCH_CONCURRENCY`` requests in flight, sized for a real S3
 server) and streaming: a bounded window of files is fetched and decoded ahead of the
 writer, which writes each image as soon as its turn comes, so memory stays flat in the
-number of images.
+number of images (what grows is the record's 16-byte hash per image).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from training.data.images import Snapshot, decode, split_of
+from training.data.images import MODES, Snapshot, decode, split_of
 from training.data.manifest import dumps, list_files
 from training.data.statistics import content_hash
 from training.errors import DatasetError, shown
@@ -50,7 +50,8 @@ PARTITION_FORMAT = 1  # changes when what a partition's shards hold changes
 RECORD = "partition.json"
 SPLITS = ("train", "validation", "test")
 FETCH_CONCURRENCY = 32  # requests in flight: the S3 client's pool is sized to match
-WINDOW = 4 * FETCH_CONCURRENCY  # files fetched ahead of the writer, at most
+WINDOW = 4 * FETCH_CONCURRENCY  # image files fetched ahead of the writer, at most
+TFRECORD_WINDOW = 4  # TFRecord files (each may hold many images) ahead, at most
 
 
 def partition_key(snapshot: Snapshot, partition: str) -> str:
@@ -118,14 +119,14 @@ def ensure(snapshot: Snapshot, partition: str, root: Path) -> tuple[PartitionSha
     return PartitionShards(path, record), True
 
 
-def _ordered(pool: ThreadPoolExecutor, work: Any, items: Iterable[str]) -> Iterator[Any]:
-    """``work(item)`` for every item, in order, with at most WINDOW of them done or in
-    flight ahead of the consumer."""
-    items = iter(items)
+def _ordered(pool: ThreadPoolExecutor, work: Any, items: Iterable[str],
+             window: int) -> Iterator[Any]:
+    """``work(item)`` for every item, in order, with at most ``window`` of them done or
+    in flight ahead of the consumer."""
     pending: deque[Any] = deque()
     for item in items:
         pending.append(pool.submit(work, item))
-        if len(pending) >= WINDOW:
+        if len(pending) >= window:
             yield pending.popleft().result()
     while pending:
         yield pending.popleft().result()
@@ -171,7 +172,8 @@ def _prepared(snapshot: Snapshot, key: str) -> list[tuple]:
                 continue
             out.append((example_key, label,
                         split_of(data, cfg.test_percent, cfg.validation_percent),
-                        _png(image), _moments(image), content_hash(image).hex()))
+                        _shard_png(data, image), _moments(image),
+                        content_hash(image).hex()))
     except DatasetError:
         raise  # the store failed: the night cannot be staged
     except Exception as exc:  # a TFRecord file that does not parse
@@ -184,14 +186,14 @@ def _write(snapshot: Snapshot, partition: str, into: Path) -> dict[str, Any]:
     import tensorflow as tf
 
     channels = snapshot.shape[2]
-    files = [k for k in snapshot.partitions[partition]
-             if not k.rsplit("/", 1)[-1].startswith(("_", "."))]
+    files = snapshot.files(partition)
     totals = {split: _SplitTotals(channels) for split in SPLITS}
     writers: dict[str, Any] = {}
     rejected, attempted = [], 0
     try:
         with ThreadPoolExecutor(FETCH_CONCURRENCY) as pool:
-            for examples in _ordered(pool, lambda k: _prepared(snapshot, k), files):
+            window = WINDOW if snapshot.cfg.source == "images" else TFRECORD_WINDOW
+            for examples in _ordered(pool, lambda k: _prepared(snapshot, k), files, window):
                 for example in examples:
                     attempted += 1
                     if len(example) == 3:
@@ -211,6 +213,19 @@ def _write(snapshot: Snapshot, partition: str, into: Path) -> dict[str, Any]:
             "image_shape": list(snapshot.shape), "attempted": attempted,
             "rejected": rejected, "splits": splits,
             "files": list_files(into, skip=lambda p: p.name == RECORD)}
+
+
+def _shard_png(data: bytes, image: Any) -> bytes:
+    """The PNG a shard holds: the landed bytes when they already are an 8-bit PNG of the
+    staged shape and channels (decoding them gives ``image``), else ``image`` encoded."""
+    from PIL import Image
+
+    height, width, channels = image.shape
+    with Image.open(io.BytesIO(data)) as landed:  # reads the header only
+        if (landed.format == "PNG" and landed.mode == MODES[channels]
+                and landed.size == (width, height) and not landed.info.get("transparency")):
+            return data
+    return _png(image)
 
 
 def _png(image: Any) -> bytes:
