@@ -257,3 +257,28 @@ def test_images_landed_at_the_staged_shape_are_kept_as_landed_and_read_the_same(
                   for record in tf.data.TFRecordDataset(str(Path(staged.path) / shard))
                   .as_numpy_iterator()}
     assert shard_pngs == set(landed.values())
+
+
+def test_duplicates_across_days_and_splits_are_counted_as_when_the_images_are_read(
+        tmp_path, three_days):
+    import io
+
+    from PIL import Image
+
+    uri, source = three_days
+    copies = source / "dt=2026-12-01"
+    for i in range(12):  # day 1's cats again: as landed, and encoded otherwise
+        data = (source / f"dt={DAYS[0]}" / "cat" / f"{i}.png").read_bytes()
+        (copies / "cat").mkdir(parents=True, exist_ok=True)
+        (copies / "cat" / f"same-{i}.png").write_bytes(data)
+        out = io.BytesIO()
+        Image.open(io.BytesIO(data)).save(out, format="PNG", compress_level=0)
+        (copies / "cat" / f"other-{i}.png").write_bytes(out.getvalue())
+    land(source, uri, "dt=2026-12-01")
+    staged = staging.stage(own(uri, tmp_path).dataset)
+    builder = load_builder(staged)
+    read = dataset_statistics(builder, split_names(builder, 0.1))["duplicates"]
+    composed = manifest_of(staged)["statistics"][staging.statistics_key(0.1)]["duplicates"]
+    assert composed == read
+    assert read["within_split"] + read["count"] == 24  # every copy, once
+    assert read["count"] > 0 and read["examples"]

@@ -16,7 +16,7 @@ import math
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from training.data.statistics import FORMAT, MAX_EXAMPLES
+from training.data.statistics import FORMAT, count_duplicate
 
 
 def _mean_std(pixels: int, sums: list[int], squares: list[int]
@@ -63,15 +63,7 @@ def composed(records: Sequence[dict[str, Any]], labels: list[str],
     for split in ("train", "validation", "test"):
         parts = [r["splits"][split] for r in records if split in r["splits"]]
         for index, digest in enumerate(_in_turn([part["hashes"] for part in parts])):
-            first = seen.setdefault(digest, (split, index))
-            if first == (split, index):
-                continue
-            if first[0] == split:
-                duplicates["within_split"] += 1
-                continue
-            duplicates["count"] += 1
-            if len(duplicates["examples"]) < MAX_EXAMPLES:
-                duplicates["examples"].append([list(first), [split, index]])
+            count_duplicate(digest, (split, index), seen, duplicates)
         added = _added(parts, labels)
         splits[split] = {"split": split, **added,
                          "image_shape": list(shape) if added["num_examples"] else None,

@@ -93,6 +93,21 @@ class _Moments:
         return means, stds
 
 
+def count_duplicate(digest: Any, place: tuple[str, int], seen: dict[Any, tuple[str, int]],
+                    duplicates: dict[str, Any]) -> None:
+    """Count the example at ``place`` (split, index) in ``duplicates`` when its content
+    ``digest`` was seen before: in another split (leakage) or in its own."""
+    first = seen.setdefault(digest, place)
+    if first == place:
+        return
+    if first[0] == place[0]:
+        duplicates["within_split"] += 1
+        return
+    duplicates["count"] += 1
+    if len(duplicates["examples"]) < MAX_EXAMPLES:
+        duplicates["examples"].append([list(first), list(place)])
+
+
 def _shape_error(where: str, first: tuple[Any, str], other: tuple[Any, str]) -> DatasetError:
     return DatasetError(
         f"{where} holds images of different shapes: {list(first[0])} ({first[1]}) and "
@@ -124,16 +139,7 @@ def _split_statistics(name: str, expression: str, examples: Iterable[tuple[Any, 
                                f"{num_classes - 1})")
         counts[label] += 1
         moments.add(image)
-        digest = content_hash(image)
-        first = seen.setdefault(digest, (name, index))
-        if first == (name, index):
-            continue
-        if first[0] == name:
-            duplicates["within_split"] += 1
-            continue
-        duplicates["count"] += 1
-        if len(duplicates["examples"]) < MAX_EXAMPLES:
-            duplicates["examples"].append([list(first), [name, index]])
+        count_duplicate(content_hash(image), (name, index), seen, duplicates)
     means, stds = moments.mean_std()
     return {"split": expression, "num_examples": index + 1,
             "class_counts": [int(c) for c in counts], "pixel_mean": means, "pixel_std": stds,
