@@ -28,8 +28,8 @@ from typing import Any
 from training.config import DatasetConfig
 from training.data import partition_shards, snapshot_statistics
 from training.data.images import Snapshot
-from training.data.manifest import list_files
 from training.errors import DatasetError
+from training.files import sha256_file
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +121,7 @@ def _link(part: partition_shards.PartitionShards, into: Path) -> list[dict[str, 
         except OSError:  # another file system, or one without hard links
             shutil.copy2(source, link)
     shards = {e["path"]: e for e in part.record["files"]}
-    record_entry = list_files(into, skip=lambda p: p.name != partition_shards.RECORD)
+    record = into / partition_shards.RECORD
     return [{**shards[name], "path": f"{into.name}/{name}"} for name in part.files()] + [
-        {**record_entry[0], "path": f"{into.name}/{partition_shards.RECORD}"}]
+        {"path": f"{into.name}/{record.name}", "size": record.stat().st_size,
+         "sha256": sha256_file(record)}]

@@ -116,13 +116,12 @@ class SnapshotReader:
         decoded = tf.io.decode_png(image, channels=self.shape[2])
         return tf.ensure_shape(decoded, self.shape), label
 
-    def as_dataset(self, split: str, as_supervised: bool = True, shuffle_files: bool = False,
-                   read_config: Any = None) -> Any:
+    def as_dataset(self, split: str, as_supervised: bool = True,
+                   shuffle_files: bool = False) -> Any:
         """``(image, label)`` pairs of a split, in order (as a tfds builder's
         ``as_supervised`` dataset; the files are never shuffled)."""
         import tensorflow as tf
 
-        del read_config
         if not as_supervised or shuffle_files:
             raise DatasetError("a snapshot is read as_supervised, its files in order")
         return self.undecoded(split).map(self.decode, num_parallel_calls=tf.data.AUTOTUNE,
