@@ -16,10 +16,10 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from training import layout
+from training import backend, layout
 from training.config import SECTIONS, FieldSpec, RunConfig, flat_fields, json_schema
 from training.entry import run_command
-from training.errors import ConfigError
+from training.errors import ERROR_EXIT, ConfigError
 from training.locks import claim_run
 from training.train import cluster
 
@@ -127,6 +127,10 @@ def build_parser() -> argparse.ArgumentParser:
     models.add_argument("--name", help="model name (all models for list)")
     models.add_argument("--version", help="version id (show, promote, rollback)")
     models.add_argument("--reason", default="", help="why (promote, rollback)")
+    models.add_argument("--no-verify", dest="verify", action="store_false",
+                        help="show: print the manifest without reading the version's files "
+                             "back (by default each is checked against the manifest's size "
+                             "and SHA-256, as promotion does)")
     clean = sub.add_parser(
         "clean-staging", allow_abbrev=False,
         help="Remove the team's staged snapshots and partition shards that no run, no "
@@ -155,6 +159,9 @@ def _check_models_args(args: argparse.Namespace) -> None:
     for field in need:
         if not getattr(args, field):
             raise ConfigError(f"models {args.action} needs --{field}")
+    if not args.verify and args.action != "show":
+        raise ConfigError(f"--no-verify applies to models show only, got models "
+                          f"{args.action} (promote and rollback always verify)")
 
 
 def load_config(args: argparse.Namespace) -> RunConfig:
@@ -175,17 +182,25 @@ def execute(args: argparse.Namespace) -> int:
     if args.command == "clean-staging":
         return _clean_staging(args)
     cfg = load_config(args)
+    # One Keras backend per process, set before Keras is imported: the run's for
+    # `train` (a JAX process imports no TensorFlow); TensorFlow for the steps that
+    # stage with tensorflow-datasets and export SavedModels (training.backend).
+    backend.use(cfg.runtime.backend if args.command == "train" else "tensorflow")
     if args.command in ("publish", "run") and cfg.promotion.require_approval:
         raise ConfigError(
             "promotion.require_approval is true, but the CLI has nobody to ask: run "
             "the keras_retrain DAG to wait for a person's approval, or leave it false "
             "and promote later with `python -m training models promote`")
-    log.info("%s run %s: configuration valid; loading TensorFlow and tensorflow-datasets",
-             args.command, cfg.run_id)
     from training.steps import stage  # heavy (tfds): after the config is valid
 
-    # Resolves the dataset name before anything is written.
-    staged = stage.stage(cfg, getattr(args, "staged", None))
+    if args.command == "train" and cfg.runtime.backend == "jax":
+        log.info("train run %s: configuration valid; Keras on JAX", cfg.run_id)
+        staged = stage.stage_elsewhere(cfg, getattr(args, "staged", None))
+    else:
+        log.info("%s run %s: configuration valid; loading TensorFlow and "
+                 "tensorflow-datasets", args.command, cfg.run_id)
+        # Resolves the dataset name before anything is written.
+        staged = stage.stage(cfg, getattr(args, "staged", None))
     print(json.dumps({"staged": staged.to_dict()}))
     if args.command == "stage":
         return 0
@@ -267,9 +282,9 @@ def _models(args: argparse.Namespace) -> int:
                                      "back to one that is")
                 log.warning("model %s: %s", n, out[n]["warning"])
     elif args.action == "show":
-        out = {**registry.show(args.name, args.version),
-               "production": registry.production(args.name) == args.version,
-               "history": registry.history(args.name)}
+        out = _show(registry, args.name, args.version, verify=args.verify)
+        if out is None:
+            return ERROR_EXIT
     elif args.action == "promote":
         out = registry.promote(args.name, args.version, run_id=f"manual-{args.version}",
                                at=now, reason=f"manual promotion: {args.reason}", forced=True)
@@ -278,6 +293,24 @@ def _models(args: argparse.Namespace) -> int:
                                 at=now, note=args.reason)
     print(json.dumps(out, indent=2))
     return 0
+
+
+def _show(registry: Any, name: str, version: str, *, verify: bool) -> dict[str, Any] | None:
+    """A version's manifest, its files first checked against it as promotion checks
+    them (``ModelRegistry.check``); None, after one ``error:`` line per bad file."""
+    if not verify:
+        manifest = registry.show(name, version)
+        verdict = {"verified": False, "verification": "skipped (--no-verify): no file was "
+                   "read back or checked against the manifest"}
+    else:
+        manifest, problems = registry.check(name, version)
+        for problem in problems:
+            print(f"error: {problem}", file=sys.stderr)
+        if problems:
+            return None
+        verdict = {"verified": True, "verified_files": len(manifest["files"])}
+    return {**manifest, **verdict, "production": registry.production(name) == version,
+            "history": registry.history(name)}
 
 
 def _clean_staging(args: argparse.Namespace) -> int:

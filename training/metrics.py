@@ -47,7 +47,7 @@ def predict(model: Any, dataset: Any) -> tuple[np.ndarray, np.ndarray]:
     labels, probs = [], []
     for images, batch_labels in dataset:
         probs.append(np.asarray(model(images, training=False)))
-        labels.append(batch_labels.numpy())
+        labels.append(np.asarray(batch_labels))  # a tf.Tensor, or NumPy (JAX input)
     return np.concatenate(labels), np.concatenate(probs)
 
 

@@ -136,13 +136,12 @@ def test_resolve_auto_does_not_probe_for_a_tpu_on_a_plain_host():
     assert st.resolve(RunConfig(), tpu_resolver=must_not_be_called).kind == "one_device"
 
 
-@pytest.mark.parametrize(("requested", "kind", "expected"), [
-    ("auto", "tpu", "mixed_bfloat16"), ("auto", "mirrored", "float32"),
-    ("auto", "one_device", "float32"), ("mixed_float16", "mirrored", "mixed_float16"),
-    ("float32", "tpu", "float32"),
+@pytest.mark.parametrize(("requested", "on_tpu", "expected"), [
+    ("auto", True, "mixed_bfloat16"), ("auto", False, "float32"),
+    ("mixed_float16", False, "mixed_float16"), ("float32", True, "float32"),
 ])
-def test_precision_policy(requested, kind, expected):
-    assert st.precision_policy(requested, kind) == expected
+def test_precision_policy(requested, on_tpu, expected):
+    assert st.precision_policy(requested, on_tpu) == expected
 
 
 def test_tpu_path_connects_through_the_resolver_and_reports_a_missing_tpu(tmp_path):

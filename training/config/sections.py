@@ -149,11 +149,24 @@ class FitConfig(Section):
 class RuntimeConfig(Section):
     SECTION = "runtime"
 
+    backend: str = setting(
+        "tensorflow", "Keras backend of the training process: tensorflow (a tf.distribute "
+        "strategy) or jax (a keras.distribution; that process imports no TensorFlow). "
+        "Staging, publishing and serving are TensorFlow's either way (docs/backends.md).",
+        key="backend", enum=["tensorflow", "jax"],
+    )
     strategy: str = setting(
         "auto",
-        "tf.distribute strategy; auto picks tpu, multi_worker, mirrored or one_device "
-        "from what it finds.",
+        "Distribution; auto picks tpu, multi_worker, mirrored or one_device from what it "
+        "finds (under jax: one device, data parallel over the selected devices, model "
+        "parallel, several processes; mirrored and tpu are TensorFlow's names).",
         key="strategy", enum=["auto", "one_device", "mirrored", "multi_worker", "tpu"],
+    )
+    model_parallel: int = setting(
+        1, "Devices each model is split over under backend jax: the device mesh is "
+        "(data, model) with this many on the model axis, the variables laid out by the "
+        "model's layout rules; 1: data parallel only.", key="model_parallel",
+        minimum=1, maximum=64,
     )
     accelerator: str = setting(
         "cpu", "Hardware the training task asks for (used for queues and pod specs).",
@@ -200,7 +213,9 @@ class RuntimeConfig(Section):
         "94 MB); 0 is TensorFlow's default: all of them concatenated into one.",
         key="gradient_pack_mb", minimum=0, maximum=4096,
     )
-    jit_compile: bool = setting(False, "Compile the train step with XLA.", key="jit_compile")
+    jit_compile: bool = setting(
+        False, "Compile the train step with XLA (TensorFlow; under jax XLA compiles every "
+        "step whatever this says, so true is refused there).", key="jit_compile")
     mixed_precision: str = setting(
         "auto", "Keras dtype policy; auto is mixed_bfloat16 on TPU and float32 elsewhere "
         "(mixed_float16 suits recent NVIDIA GPUs).", key="mixed_precision",

@@ -5,16 +5,27 @@ Every dataset is a tfds builder: the built-in offline ``digits``
 image-classification dataset (mnist, fashion_mnist, cifar10, ...). A name that is not
 one, a version tfds does not have, or a dataset that is not an image and a class label
 is a ``ConfigError`` that says what is allowed.
+
+A dataset tfds must download is fetched only from a machine that reaches its source:
+``downloads_fail_fast`` connects once to each host (or the proxy in front of it) before
+tfds's first request to it, so an offline machine fails in seconds with one line naming
+the dataset and the host, instead of after tfds's retries (10 per file, minutes). Once a
+host answered, tfds's own retries handle its transient errors as before.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
+import socket
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
-from training.errors import ConfigError
+from training.errors import ConfigError, DatasetError, shown
 
 # Offline datasets: name -> module whose import registers the builder, and the version
 # the builder has (here, not only in the builder, so that a cache hit is found without
@@ -22,6 +33,7 @@ from training.errors import ConfigError
 OFFLINE_BUILDERS = {"digits": "training.data.digits"}
 OFFLINE_VERSIONS = {"digits": "1.0.0"}
 DEFAULT_VERSION_RECORD = "default-version.json"  # <staging_dir>/<name>/: tfds's pick
+REACH_TIMEOUT_S = 5.0  # one TCP connection to a download's host, before tfds's first try
 
 
 def default_version(name: str, staging_dir: str | os.PathLike) -> str | None:
@@ -103,6 +115,66 @@ def _image_classification_info(builder: Any) -> tuple[tuple[int, ...] | None, in
 
 
 def dataset_info(builder: Any) -> dict[str, Any]:
-    """Input shape and class count for the model builder."""
+    """Input shape and class count for the model builder (a JAX process's reader,
+    ``staged_arrays.StagedArrays``, says them without tfds)."""
+    if hasattr(builder.info, "dataset_info"):
+        return builder.info.dataset_info()
     shape, num_classes = _image_classification_info(builder)
     return {"input_shape": shape, "num_classes": num_classes}
+
+
+@contextlib.contextmanager
+def downloads_fail_fast(name: str, staging_dir: str | os.PathLike) -> Iterator[None]:
+    """While tfds prepares ``name``: before its downloader's first request to a host,
+    one TCP connection to that host (or to the proxy ``requests`` would use for it, from
+    the environment), at most ``REACH_TIMEOUT_S``; a host that does not answer is a
+    ``DatasetError`` at once, for every file from it. Only files tfds really fetches are
+    checked: a download it finds already on disk needs no network."""
+    from tensorflow_datasets.core.download import downloader
+
+    opened = downloader._open_url  # the one call through which tfds fetches a URL
+    answers: dict[tuple[str, int], str | None] = {}  # (host, port) -> why not reached
+    lock = threading.Lock()
+
+    def open_url(url: str, **kwargs: Any) -> Any:
+        host, port, proxy = _first_hop(url)
+        with lock:  # tfds fetches files in parallel: one connection per host
+            if (host, port) not in answers:
+                answers[host, port] = _unreachable(host, port)
+        if answers[host, port] is not None:
+            where = f"{host}:{port}" + (f", the proxy to {proxy}," if proxy else "")
+            raise DatasetError(
+                f"cannot download dataset {name!r}: this machine cannot reach {where} "
+                f"({answers[host, port]}); stage it on a machine that can (python -m "
+                f"training stage --dataset {name} --staging-dir DIR) and copy "
+                f"DIR/{name.split('/')[0]} into {os.fspath(staging_dir)}: staging here "
+                "then finds it prepared (docs/datasets.md)")
+        return opened(url, **kwargs)
+
+    downloader._open_url = open_url
+    try:
+        yield
+    finally:
+        downloader._open_url = opened
+
+
+def _first_hop(url: str) -> tuple[str, int, str | None]:
+    """(host, port) that fetching ``url`` connects to first, and the URL's own host
+    when that is a proxy (else None)."""
+    import requests
+
+    proxy = requests.utils.select_proxy(url, requests.utils.get_environ_proxies(url))
+    if proxy and "://" not in proxy:  # requests reads "host:port" as http://host:port
+        proxy = f"http://{proxy}"
+    target = urlsplit(proxy or url)
+    port = target.port or {"https": 443, "http": 80, "ftp": 21}.get(target.scheme, 443)
+    return target.hostname or "", port, urlsplit(url).hostname if proxy else None
+
+
+def _unreachable(host: str, port: int) -> str | None:
+    """Why one TCP connection to ``host:port`` failed, or None when it was accepted."""
+    try:
+        socket.create_connection((host, port), timeout=REACH_TIMEOUT_S).close()
+    except OSError as exc:  # no DNS, refused, no route, timed out
+        return f"{type(exc).__name__}: {shown(exc)}"
+    return None

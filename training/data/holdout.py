@@ -78,7 +78,13 @@ def load_holdout(uri: str, store_options: Any, shape: tuple[int, int, int],
 
 
 def as_dataset(holdout: Holdout, batch_size: int) -> Any:
-    """The holdout as a batched ``(image, label)`` tf.data dataset, in key order."""
+    """The holdout as a batched ``(image, label)`` tf.data dataset, in key order (a
+    list of NumPy batches in a process that runs Keras on JAX: no TensorFlow there)."""
+    from training import backend
+
+    if backend.chosen() == "jax":
+        return [(holdout.images[i:i + batch_size], holdout.labels[i:i + batch_size])
+                for i in range(0, len(holdout.labels), batch_size)]
     import tensorflow as tf
 
     return tf.data.Dataset.from_tensor_slices(

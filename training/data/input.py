@@ -31,6 +31,12 @@ training and evaluation iterate, in these stages::
 
 Sharding across workers is by data (``AutoShardPolicy.DATA``): every worker reads all
 files and keeps every N-th element, which works whatever the number of shards.
+
+This module decides for both Keras backends: in a process that runs Keras on JAX,
+``load_builder`` reads the staged dataset without TensorFlow
+(``staged_arrays.StagedArrays``: the same examples in the same order) and
+``make_dataset`` serves it as NumPy batches (``array_input.SplitBatches``), with the
+same cache rule, seeded shuffle and augmentations.
 """
 
 from __future__ import annotations
@@ -51,6 +57,12 @@ def load_builder(staged: Any) -> Any:
     a ``staging.StagedDataset`` (not imported: staging computes statistics through
     here). Under ``tfds.testing.mock_data`` nothing was written, and the catalog's
     builder reads."""
+    from training import backend
+
+    if backend.chosen() == "jax":  # no TensorFlow in this process
+        from training.data.staged_arrays import StagedArrays
+
+        return StagedArrays(staged)
     import tensorflow_datasets as tfds
 
     from training.data.snapshot_reader import SnapshotReader, is_snapshot
@@ -97,8 +109,18 @@ def make_dataset(
 ) -> Any:
     """The ``as_supervised`` pipeline of one split, in the stages of the module doc.
 
-    Images stay uint8: the model scales them (a Rescaling layer).
+    Images stay uint8: the model scales them (a Rescaling layer). A ``StagedArrays``
+    (a JAX process's reader) gives a ``SplitBatches`` of the same stages.
     """
+    if not hasattr(builder, "as_dataset"):  # staged_arrays.StagedArrays
+        from training.data.array_input import SplitBatches
+
+        keep, why = cache_plan(cache, decoded_bytes(builder, split), available_memory())
+        log.info("input %s: %s (%s)", split, "cached in memory" if keep else "not cached",
+                 why)
+        return SplitBatches(builder, split, global_batch_size=global_batch_size,
+                            shuffle=shuffle, seed=seed, keep_decoded=keep,
+                            augment=tuple(augment.split("_")) if augment != "none" else ())
     import numpy as np
     import tensorflow as tf
 
@@ -157,6 +179,9 @@ def decoded_bytes(builder: Any, split: str) -> int | None:
     unknown shape)."""
     import numpy as np
 
+    if hasattr(builder, "num_examples"):  # staged_arrays.StagedArrays
+        shape = builder.info.image_shape
+        return builder.num_examples(split) * (int(np.prod(shape)) + LABEL_BYTES)
     info = builder.info
     try:
         examples = info.splits[split].num_examples

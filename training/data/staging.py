@@ -21,7 +21,7 @@ file that training reads (the shards, ``features.json``, label files; all but tf
 
 Reading the staged data back is ``input.py``.
 
-Why one module of about 320 lines: the cache hit with and without tfds, the manifest,
+Why one module of about 360 lines: the cache hit with and without tfds, the manifest,
 the fingerprint record and the lock are one transaction with one set of rules; split,
 a change to one would have to be mirrored in another file.
 """
@@ -42,6 +42,7 @@ from training.data import manifest as files_manifest
 from training.data.catalog import (
     OFFLINE_VERSIONS,
     default_version,
+    downloads_fail_fast,
     get_builder,
     record_default_version,
 )
@@ -278,27 +279,21 @@ def _prepare(cfg: DatasetConfig, builder: Any, version_dir: Path) -> dict[str, A
     written last."""
     log.info("staging %s: preparing into %s", cfg.name, version_dir)
     extra: dict[str, Any] = {}
+    before = _tfds_dirs(cfg)
     try:
         if cfg.source == "catalog":
             import tensorflow_datasets as tfds
 
             tfds.disable_progress_bar()  # progress bars flood task logs (stderr)
-            builder.download_and_prepare()
+            with downloads_fail_fast(cfg.name, cfg.staging_dir):  # offline: in seconds
+                builder.download_and_prepare()
         else:
             extra = builder.prepare(statistics_key(cfg.validation_fraction), STAGING_WAIT_S)
     except DatasetError:
-        import shutil
-
-        shutil.rmtree(version_dir, ignore_errors=True)
+        _remove_partial(cfg, version_dir, before)
         raise
     except Exception as exc:  # no network, a bad checksum, a full disk: tfds raises many
-        import shutil
-
-        shutil.rmtree(version_dir, ignore_errors=True)  # no half-prepared files stay
-        downloads = Path(cfg.staging_dir) / "downloads" / cfg.name.split("/")[0]
-        for partial in downloads.rglob("*.tmp.*") if downloads.is_dir() else []:
-            with contextlib.suppress(OSError):  # tfds's unfinished downloads
-                shutil.rmtree(partial) if partial.is_dir() else partial.unlink()
+        _remove_partial(cfg, version_dir, before)
         raise DatasetError(f"cannot prepare dataset {cfg.name!r} into {version_dir}: "
                            f"{type(exc).__name__}: {shown(exc)}") from exc
     version_dir.mkdir(parents=True, exist_ok=True)
@@ -317,6 +312,35 @@ def _prepare(cfg: DatasetConfig, builder: Any, version_dir: Path) -> dict[str, A
     log.info("staging %s: prepared %d files, fingerprint %s",
              cfg.name, len(entries), manifest["fingerprint"])
     return manifest
+
+
+def _tfds_dirs(cfg: DatasetConfig) -> set[Path]:
+    """The directories under tfds's download folder and the dataset's own folder of
+    the staging directory (for a catalog dataset; a team's data: none)."""
+    if cfg.source != "catalog":
+        return set()
+    roots = (Path(cfg.staging_dir) / "downloads", Path(cfg.staging_dir) / cfg.name.split("/")[0])
+    return {Path(folder) for root in roots for folder, _, _ in os.walk(root)}
+
+
+def _remove_partial(cfg: DatasetConfig, version_dir: Path, before: set[Path]) -> None:
+    """After a failed preparation, nothing it left: the version's folder, tfds's
+    unfinished downloads of this dataset, its default-config record, and the folders
+    tfds created (``downloads/``, ``downloads/extracted``, ...) if nothing else is in them."""
+    import shutil
+
+    shutil.rmtree(version_dir, ignore_errors=True)
+    base = cfg.name.split("/")[0]
+    downloads = Path(cfg.staging_dir) / "downloads" / base
+    for partial in downloads.rglob("*.tmp.*") if downloads.is_dir() else []:
+        with contextlib.suppress(OSError):  # tfds's unfinished downloads
+            shutil.rmtree(partial) if partial.is_dir() else partial.unlink()
+    config = Path(cfg.staging_dir) / base / ".config"  # tfds's note of a default config
+    if cfg.source == "catalog" and config not in before:
+        shutil.rmtree(config, ignore_errors=True)
+    for folder in sorted(_tfds_dirs(cfg) - before, key=lambda p: len(p.parts), reverse=True):
+        with contextlib.suppress(OSError):  # deepest first; only an empty one goes
+            folder.rmdir()
 
 
 def verify(staged: StagedDataset) -> None:

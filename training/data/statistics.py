@@ -53,6 +53,8 @@ def content_hash(image: Any) -> bytes:
 def label_names(builder: Any) -> list[str]:
     """The class names of the builder's label feature (``"0"``, ``"1"``, ... without)."""
     info = builder.info
+    if hasattr(info, "label_names"):  # staged_arrays.StagedInfo (a JAX process)
+        return list(info.label_names or [str(i) for i in range(info.num_classes)])
     keys = info.supervised_keys or ("image", "label")
     label = info.features[keys[1]]
     names = getattr(label, "names", None)

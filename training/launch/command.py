@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from training import backend
 from training.errors import CONFIG_ERROR_EXIT, ConfigError, LaunchError
 from training.launch.child import Child
 
@@ -43,10 +44,22 @@ class TrainingCommand:
         self.inputs = {"--staged": staged, "--data-stats": data_stats}
         self.flags, self.python = list(flags), python
         self.env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1",
-                    **(env or {})}
+                    **backend.env(self.backend()), **(env or {})}
         self.cwd = cwd or os.getcwd()
         self.child: Child | None = None
         self._argv: list[str] | None = None
+
+    def backend(self) -> str:
+        """The Keras backend of the child: the run's ``runtime.backend`` for ``train``,
+        TensorFlow for the other steps (staging, the SavedModel); the config's own checks
+        are the child's (``tensorflow`` until it reads as one)."""
+        if self.command != "train":
+            return "tensorflow"
+        try:
+            found = json.loads(Path(self.config).read_text())["runtime"]["backend"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return "tensorflow"
+        return found if found in backend.BACKENDS else "tensorflow"
 
     def argv(self) -> list[str]:
         """The command line; the first call writes the steps' inputs beside the run

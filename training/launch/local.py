@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from training import backend
 from training.config import RunConfig
 from training.entry import run_command
 from training.errors import LaunchError
@@ -87,14 +88,17 @@ class LaunchResult:
         return dict(self.__dict__)
 
 
-def _stage_subprocess(config_path: Path, python: str, env: dict[str, str]) -> dict[str, Any]:
+def stage_subprocess(config_path: Path, python: str, env: dict[str, str]) -> dict[str, Any]:
+    """The staged dataset of the config at ``config_path``, staged by ``python -m
+    training stage`` (TensorFlow's process: a JAX process or a launcher stages through
+    this); LaunchError with its last line if it fails."""
     proc = subprocess.run(
         [python, "-m", "training", "stage", "--config", os.fspath(config_path)],
         env=env, capture_output=True, text=True, check=False,
     )
     if proc.returncode != 0:
         raise LaunchError(
-            f"staging the dataset before launching the workers failed with status "
+            f"staging the dataset in a child process failed with status "
             f"{proc.returncode}: {(proc.stderr.strip().splitlines() or [''])[-1]}"
         )
     for line in proc.stdout.splitlines():
@@ -146,6 +150,7 @@ def run(
     base_env = dict(os.environ)
     base_env.pop(cluster.ENV, None)
     base_env.update(claimed_env())  # the workers work under this process's run claim
+    base_env.update(backend.env(cfg.runtime.backend))  # set before they import Keras
     base_env.setdefault("PYTHONUNBUFFERED", "1")
     base_env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     if cfg.runtime.accelerator == "cpu":
@@ -169,7 +174,8 @@ def run(
     try:
         config_path = cfg.write(launch_dir)
         if staged is None:
-            staged_dict = _stage_subprocess(config_path, python, base_env)
+            staged_dict = stage_subprocess(config_path, python,
+                                           {**base_env, **backend.env("tensorflow")})
         else:
             staged_dict = staged if isinstance(staged, dict) else staged.to_dict()
         staged_path = launch_dir / "staged.json"

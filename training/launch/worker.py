@@ -66,7 +66,8 @@ def train_reporting(cfg: RunConfig, staged: StagedDataset,
     # fit.train builds the MultiWorkerMirroredStrategy; the patches only act once the
     # strategy is in multi-worker mode, so installing them first is safe (and
     # keras_patches.install_for(strategy) inside fit.train then adds only the rest).
-    keras_patches.enable()
+    if cfg.runtime.backend == "tensorflow":
+        keras_patches.enable()
     result = fit.train(cfg, staged, extra_callbacks=[report])
     if report.digest is not None:  # None: the run was already trained, nothing ran
         print(f"{DIGEST_MARK}{report.digest}", flush=True)
@@ -75,10 +76,12 @@ def train_reporting(cfg: RunConfig, staged: StagedDataset,
 
 def work(config: str, staged: str, report_dir: str | None) -> int:
     """Train this worker's part; print the digest and the result for the launcher."""
+    from training import backend
     from training.data.staging import StagedDataset
 
-    result = train_reporting(RunConfig.from_file(config), StagedDataset.read(staged),
-                             report_dir)
+    cfg = RunConfig.from_file(config)
+    backend.use(cfg.runtime.backend)  # before anything imports Keras
+    result = train_reporting(cfg, StagedDataset.read(staged), report_dir)
     print(json.dumps({"trained": result.to_dict()}), flush=True)
     return 0
 

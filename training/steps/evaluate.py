@@ -48,6 +48,18 @@ def _test_split(builder: Any, cfg: RunConfig) -> Any:
                         seed=cfg.fit.seed, cache=cfg.dataset.input_cache)
 
 
+def unplaced() -> None:
+    """Evaluate on this process's default device, every example of the split: a JAX
+    training process leaves its distribution set (``jax_distribution``), which would
+    lay the models and the batches out over the training mesh."""
+    from training import backend
+
+    if backend.imported() == "jax":
+        import keras
+
+        keras.distribution.set_distribution(None)
+
+
 def _load(path: str | Path) -> Any:
     """The run's own model, loaded as every model is (``registry.loading.load_keras``)."""
     if not Path(path).is_file():
@@ -78,8 +90,10 @@ def _holdout(cfg: RunConfig, builder: Any, options: S3Options | None) -> Any:
     from training.data.holdout import as_dataset, load_holdout
     from training.data.statistics import label_names
 
-    image = builder.info.features[(builder.info.supervised_keys or ("image",))[0]]
-    holdout = load_holdout(cfg.promotion.holdout_uri, options, tuple(image.shape),
+    info = builder.info
+    shape = (info.image_shape if hasattr(info, "image_shape")  # a JAX process's reader
+             else info.features[(info.supervised_keys or ("image",))[0]].shape)
+    holdout = load_holdout(cfg.promotion.holdout_uri, options, tuple(shape),
                            label_names(builder))
     return as_dataset(holdout, TEST_BATCH), holdout.describe()
 
@@ -97,6 +111,7 @@ def _evaluate(cfg: RunConfig, staged: StagedDataset, registry: ModelRegistry,
     if data_stats is not None:  # validate_data's, published with the version
         (out / layout.DATA_STATS).write_text(json.dumps(data_stats, indent=2) + "\n")
     staging.verify(staged)
+    unplaced()
     builder = load_builder(staged)
     test = _test_split(builder, cfg)
     holdout_data, holdout = _holdout(cfg, builder, holdout_options)

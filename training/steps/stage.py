@@ -9,6 +9,7 @@ without importing tensorflow-datasets (the Airflow task's 0.01 s check).
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 from training.config import RunConfig
@@ -38,4 +39,25 @@ def stage(cfg: RunConfig, staged_file: str | None = None) -> StagedDataset:
                           "leave --staged out")
     staging.verify(staged)
     log.info("using the staged dataset %s from %s", staged.key, staged_file)
+    return staged
+
+
+def stage_elsewhere(cfg: RunConfig, staged_file: str | None = None) -> StagedDataset:
+    """``stage`` for a process that must not import TensorFlow (a JAX training process):
+    the staged dataset handed over is verified here (no TensorFlow needed); otherwise it
+    is staged by a child process (``python -m training stage``)."""
+    if staged_file:
+        return stage(cfg, staged_file)
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    from training import backend
+    from training.launch.local import stage_subprocess
+
+    with tempfile.TemporaryDirectory(prefix="stage-") as tmp:
+        config_path = cfg.write(Path(tmp))
+        staged = StagedDataset.from_dict(stage_subprocess(
+            config_path, sys.executable, {**os.environ, **backend.env("tensorflow")}))
+    staging.verify(staged)
     return staged

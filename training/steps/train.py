@@ -4,7 +4,9 @@
   ``TF_CONFIG``): ``training.launch.local`` starts and supervises them;
 - one worker of a cluster (a pod of the Kubernetes Job, or a local launcher's worker):
   ``training.launch.worker`` trains and reports its final weights' digest;
-- otherwise this process: ``training.train.fit``.
+- otherwise this process: ``training.train.fit``; or, when this process's Keras backend
+  is not the run's (``python -m training run`` stages in TensorFlow's process), a child
+  process of the run's backend (``python -m training train``).
 
 (On Airflow the ``train`` task runs this in a child process, ``Step.run_command`` in
 ``plugins/training_airflow/tasks.py``, or in a Job, ``launchers.py``.) Already done for this run?
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from training import backend
 from training.config import RunConfig
 from training.data.staging import StagedDataset
 from training.errors import WorkersFailed
@@ -37,6 +40,24 @@ def train(cfg: RunConfig, staged: StagedDataset) -> dict[str, Any]:
         from training.launch.worker import train_reporting
 
         return train_reporting(cfg, staged).to_dict()
+    if cfg.runtime.backend != backend.chosen():
+        return _in_child(cfg, staged)  # `run` in TensorFlow's process, asked for jax
     from training.train.fit import train as fit
 
     return fit(cfg, staged).to_dict()
+
+
+def _in_child(cfg: RunConfig, staged: StagedDataset) -> dict[str, Any]:
+    """Train in a child process of the run's backend (``python -m training train``),
+    under this process's claim of the run; what it reported."""
+    import sys
+    import tempfile
+
+    from training.launch.command import TrainingCommand
+    from training.locks import claimed_env
+
+    with tempfile.TemporaryDirectory(prefix="train-") as tmp:
+        command = TrainingCommand("train", cfg.write(tmp), output_dir=tmp, run_id=cfg.run_id,
+                                  staged=staged.to_dict(), env=claimed_env())
+        results = command.run(lambda line: print(line, file=sys.stderr, flush=True))
+    return results["trained"]

@@ -10,7 +10,9 @@ Launchers build it (``build``: the local launcher for ``127.0.0.1`` ports, the
 Kubernetes exec wrapper for the Indexed Job's pod names) and set it before the training
 process starts; the training process reads it (``current``, ``workers``, ``is_chief``,
 ``task_index``) before any strategy exists, because TensorFlow reads it once, when the
-strategy is created. Nothing here imports TensorFlow.
+strategy is created. Under Keras's JAX backend the same description joins the processes
+through ``jax.distributed`` (``coordinator``: worker 0's address is JAX's coordinator).
+Nothing here imports TensorFlow.
 """
 
 from __future__ import annotations
@@ -87,3 +89,17 @@ def current(environ: Mapping[str, str] | None = None) -> str | None:
     unset or empty: a process that is not a worker of a multi-worker run."""
     env = os.environ if environ is None else environ
     return env.get(ENV) or None
+
+
+def coordinator(tf_config: str | None) -> tuple[str, int, int]:
+    """The JAX view of the cluster ``TF_CONFIG`` describes: the coordinator's
+    ``host:port`` (the chief, else worker 0), the number of processes and this one's id
+    (the chief is 0, then the workers in order)."""
+    if not tf_config:
+        raise ConfigError("a JAX process of a multi-worker run needs TF_CONFIG to find its "
+                          "coordinator; start it with `python -m training train`")
+    data = _parse(tf_config)
+    hosts = [*data["cluster"].get("chief", []), *data["cluster"].get("worker", [])]
+    task = data.get("task", {})
+    offset = len(data["cluster"].get("chief", [])) if task.get("type") == "worker" else 0
+    return hosts[0], len(hosts), offset + int(task.get("index", 0))

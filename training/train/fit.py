@@ -44,7 +44,7 @@ from training.errors import ConfigError
 from training.layout import TRAINED, model_dir
 from training.locks import claim_run
 from training.train import keras_patches, models, warm_start
-from training.train.export import export
+from training.train.export import export, export_in_tensorflow
 from training.train.models import pretrained
 from training.train.strategy import precision_policy, resolve, steps_per_execution
 
@@ -93,8 +93,7 @@ def make_callbacks(fit: FitConfig, run_dir: Path, tuning: Sequence[Any] = ()) ->
         checkpoint,
         keras.callbacks.CSVLogger(os.fspath(model_dir(run_dir) / layout.HISTORY_CSV),
                                   append=True),
-        keras.callbacks.TensorBoard(os.fspath(model_dir(run_dir) / layout.TENSORBOARD_DIR),
-                                    update_freq="epoch", write_graph=False, profile_batch=0),
+        tensorboard(model_dir(run_dir) / layout.TENSORBOARD_DIR),
         *tuning,
         ResumableBackup(run_dir / layout.BACKUP_DIR, early_stopping=early_stopping,
                         reduce_lr=reduce_lr, checkpoint=checkpoint,
@@ -102,20 +101,46 @@ def make_callbacks(fit: FitConfig, run_dir: Path, tuning: Sequence[Any] = ()) ->
     ]
 
 
-def software_versions() -> dict[str, str]:
+def tensorboard(log_dir: Path) -> Any:
+    """The TensorBoard log of epoch scalars: Keras's callback under TensorFlow, the
+    TF-free ``EpochScalars`` under JAX (the same directories and tags)."""
     import keras
-    import tensorflow as tf
-    import tensorflow_datasets as tfds
+
+    if keras.backend.backend() != "tensorflow":
+        from training.train.callbacks.epoch_scalars import EpochScalars
+
+        return EpochScalars(log_dir)
+    return keras.callbacks.TensorBoard(os.fspath(log_dir), update_freq="epoch",
+                                       write_graph=False, profile_batch=0)
+
+
+def software_versions() -> dict[str, str]:
+    """What trained the model: the backend's versions (a JAX process imports no
+    TensorFlow, so none is recorded for it)."""
+    import keras
 
     import training
 
-    return {
-        "python": platform.python_version(),
-        "tensorflow": tf.__version__,
-        "keras": keras.__version__,
-        "tensorflow_datasets": tfds.__version__,
-        "training": training.__version__,
-    }
+    versions = {"python": platform.python_version(), "keras": keras.__version__,
+                "keras_backend": keras.backend.backend(), "training": training.__version__}
+    if keras.backend.backend() == "jax":
+        import jax
+
+        return {**versions, "jax": jax.__version__, "jaxlib": _version("jaxlib")}
+    import tensorflow as tf
+    import tensorflow_datasets as tfds
+
+    return {**versions, "tensorflow": tf.__version__,
+            "tensorflow_datasets": tfds.__version__}
+
+
+def _version(package: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return "unknown"
 
 
 @dataclass(frozen=True)
@@ -220,10 +245,11 @@ def _train(cfg: RunConfig, staged: StagedDataset, resolved: Any,
     from training.train.callbacks.backup import ResumableBackup
     from training.train.preemption import stop_on_sigterm
 
-    keras_patches.install_for(resolved.strategy)  # more than one replica; else none
+    if resolved.backend == "tensorflow":
+        keras_patches.install_for(resolved.strategy)  # more than one replica; else none
     # ``auto`` depends on the strategy found (bfloat16 on TPU); set before the model.
     keras.mixed_precision.set_global_policy(
-        precision_policy(cfg.runtime.mixed_precision, resolved.kind))
+        precision_policy(cfg.runtime.mixed_precision, resolved.on_tpu))
     staging.verify(staged)  # before any training: a corrupted shard stops here
 
     final_dir = cfg.run_dir()
@@ -242,7 +268,7 @@ def _train(cfg: RunConfig, staged: StagedDataset, resolved: Any,
     val_ds = make_dataset(builder, splits["validation"], global_batch_size=batch,
                           shuffle=False, seed=cfg.fit.seed, cache=data.input_cache)
 
-    with resolved.strategy.scope():
+    with resolved.scope():
         model = models.build(cfg.model.name, info["input_shape"], info["num_classes"],
                              cfg.model.args)
         model.compile(
@@ -251,11 +277,16 @@ def _train(cfg: RunConfig, staged: StagedDataset, resolved: Any,
             metrics=["accuracy"],
             steps_per_execution=steps_per_execution(cfg.fit.steps_per_execution,
                                                     resolved.kind),
-            jit_compile=cfg.runtime.jit_compile,
+            # JAX runs every step compiled (runtime.jit_compile is TensorFlow's switch)
+            jit_compile=True if resolved.backend == "jax" else cfg.runtime.jit_compile,
         )
         weights, tuning = pretrained.prepare(cfg.model, model)
+    if resolved.backend == "jax":
+        from training.train.jax_distribution import check_layout
+
+        check_layout(cfg, resolved, model)
     # model.warm_start: production's weights as the start (training.train.warm_start).
-    warm = warm_start.start(cfg, model, resolved.strategy, final_dir)
+    warm = warm_start.start(cfg, model, resolved, final_dir)
     (out / layout.RUN).write_text(json.dumps({
         "run_id": cfg.run_id,
         "started_at": _started_at(out / layout.RUN),
@@ -271,7 +302,7 @@ def _train(cfg: RunConfig, staged: StagedDataset, resolved: Any,
              cfg.fit.epochs)
     # SIGTERM: a backup at the end of the current batch, then exit 143; not under several
     # workers, where one worker cannot save for all (training.train.preemption).
-    with stop_on_sigterm(backup, enabled=not keras_patches.is_multi_worker(resolved.strategy)):
+    with stop_on_sigterm(backup, enabled=not resolved.several_processes):
         model.fit(train_ds, validation_data=val_ds, epochs=cfg.fit.epochs,
                   callbacks=callbacks, verbose=2,
                   shuffle=False)  # the tf.data pipeline shuffles, seeded
@@ -284,7 +315,10 @@ def _train(cfg: RunConfig, staged: StagedDataset, resolved: Any,
     saved_model_path = out / layout.SAVED_MODEL_DIR
     if saved_model_path.exists():
         shutil.rmtree(saved_model_path)  # a retry replaces a half-written export
-    export(model, saved_model_path)  # serving signature: training.train.export
+    if resolved.backend == "tensorflow":
+        export(model, saved_model_path)  # serving signature: training.train.export
+    elif resolved.is_chief:  # made where TensorFlow is: a child process of its own
+        export_in_tensorflow(out / layout.MODEL_FILE, saved_model_path, cfg.model.name)
     es = summary["early_stopping"]
     result = TrainResult(
         run_dir=os.fspath(final_dir),

@@ -1,5 +1,10 @@
 """Strategy resolution, device selection, global batch and learning-rate scaling.
 
+This module decides for both Keras backends: ``resolve`` builds a ``tf.distribute``
+strategy for ``runtime.backend`` ``tensorflow`` (below) and hands ``jax`` to
+``training.train.jax_distribution`` (a ``keras.distribution``); either way the result is
+a ``Resolved``, recorded in ``run.json`` the same way.
+
 ``choose_kind`` is the decision (pure, every branch unit-tested); ``resolve`` probes the
 machine (TPU resolver, ``TF_CONFIG``, visible GPUs), calls it, and builds the
 ``tf.distribute`` strategy. ``auto`` picks, in order:
@@ -13,12 +18,13 @@ machine (TPU resolver, ``TF_CONFIG``, visible GPUs), calls it, and builds the
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from training.config import RunConfig, RuntimeConfig
@@ -100,7 +106,9 @@ def scaled_learning_rate(base: float, rule: str, replicas: int) -> float:
 
 @dataclass(frozen=True)
 class Resolved:
-    """The strategy and the effective values it implies; ``to_dict`` is recorded."""
+    """The strategy (TensorFlow) or distribution (JAX; None for the default device) and
+    the effective values it implies; ``to_dict`` is recorded. ``details``: what only one
+    backend has (JAX's mesh, processes and platform)."""
 
     strategy: Any
     kind: str
@@ -109,15 +117,33 @@ class Resolved:
     global_batch_size: int
     learning_rate: float
     is_chief: bool
+    backend: str = "tensorflow"
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def scope(self) -> Any:
+        """Where the model and optimizer are built: the strategy's or distribution's."""
+        return self.strategy.scope() if self.strategy is not None else (
+            contextlib.nullcontext())
+
+    @property
+    def on_tpu(self) -> bool:
+        return self.kind == "tpu" or self.details.get("platform") == "tpu"
+
+    @property
+    def several_processes(self) -> bool:
+        """Several workers train together: one cannot save (a SIGTERM backup) for all."""
+        return self.kind == "multi_worker"
 
     def to_dict(self) -> dict[str, Any]:
         return {
+            "backend": self.backend,
             "kind": self.kind,
             "devices": self.devices,
             "replicas_in_sync": self.replicas,
             "global_batch_size": self.global_batch_size,
             "learning_rate": self.learning_rate,
             "is_chief": self.is_chief,
+            **self.details,
         }
 
 
@@ -139,11 +165,16 @@ def resolve(
     tpu_resolver: Callable[[str], Any] = default_tpu_resolver,
 ) -> Resolved:
     """Build the strategy the config asks for; log and return the effective values.
+    Under ``runtime.backend`` ``jax``: ``jax_distribution.resolve``.
 
     ``tpu_resolver`` is a test seam: tests/unit/test_strategy.py passes a resolver that
     points at a real local TensorFlow server, so the TPU branch (connect, initialise,
     report a missing TPU) runs for real on a machine without a TPU.
     """
+    if cfg.runtime.backend == "jax":
+        from training.train import jax_distribution
+
+        return jax_distribution.resolve(cfg)
     import tensorflow as tf
 
     runtime = cfg.runtime
@@ -164,11 +195,7 @@ def resolve(
                 ) from None
             log.info("no TPU answered (%s); looking for other devices", exc)
     if runtime.workers > 1 and cluster.workers(tf_config) <= 1:
-        raise ConfigError(
-            f"runtime.workers is {runtime.workers} but this process is not a worker of a "
-            f"cluster (TF_CONFIG is {'unset' if not tf_config else 'a single worker'}): it "
-            "would train alone; start the workers with `python -m training train` (which "
-            "launches them here) or in the Kubernetes Job's pods, which set TF_CONFIG")
+        raise not_a_worker(runtime.workers, tf_config)
     gpu_names = [f"/gpu:{i}" for i in range(len(tf.config.list_physical_devices("GPU")))]
     # Listing devices starts TF's runtime, which must not happen before a multi-worker
     # strategy configures its collectives.
@@ -208,6 +235,15 @@ def resolve(
         cfg.fit.batch_size, resolved.learning_rate, cfg.fit.lr_scaling, cfg.fit.learning_rate,
     )
     return resolved
+
+
+def not_a_worker(workers: int, tf_config: str | None) -> ConfigError:
+    """The refusal of ``runtime.workers`` > 1 in a process that no launcher started."""
+    return ConfigError(
+        f"runtime.workers is {workers} but this process is not a worker of a "
+        f"cluster (TF_CONFIG is {'unset' if not tf_config else 'a single worker'}): it "
+        "would train alone; start the workers with `python -m training train` (which "
+        "launches them here) or in the Kubernetes Job's pods, which set TF_CONFIG")
 
 
 def communication_options(runtime: RuntimeConfig, *, gpus: int) -> Any:
@@ -258,11 +294,11 @@ def steps_per_execution(requested: int, kind: str) -> int:
     return 1 if kind == "tpu" else 10
 
 
-def precision_policy(requested: str, kind: str) -> str:
+def precision_policy(requested: str, on_tpu: bool) -> str:
     """The Keras dtype policy: as asked, or for ``auto`` bfloat16 on TPU, else float32."""
     if requested != "auto":
         return requested
-    return "mixed_bfloat16" if kind == "tpu" else "float32"
+    return "mixed_bfloat16" if on_tpu else "float32"
 
 
 def _tpu_strategy(resolver: Any, name: str) -> Any:

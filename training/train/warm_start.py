@@ -112,10 +112,12 @@ def earlier_record(run_dir: Path) -> dict[str, Any] | None:
     return found if isinstance(found, dict) and "from_version" in found else None
 
 
-def start(cfg: RunConfig, model: Any, strategy: Any, run_dir: str | os.PathLike[str],
+def start(cfg: RunConfig, model: Any, placement: Any, run_dir: str | os.PathLike[str],
           registry: Any = None) -> dict[str, Any] | None:
     """Apply ``model.warm_start`` to the built ``model`` of run ``cfg`` whose directory
     is ``run_dir``; the record for ``run.json`` (None when the setting is off).
+    ``placement``: where the model was built (``strategy.Resolved``: its ``scope()``),
+    so that the weights are set on its devices, whatever backend trained production.
 
     ``registry``: the model registry (default: the config's store). ConfigError, before
     any training, when production's architecture differs; the registry's own errors,
@@ -147,7 +149,7 @@ def start(cfg: RunConfig, model: Any, strategy: Any, run_dir: str | os.PathLike[
         log.warning("%s: %s", SETTING, note)
         return {"from_version": None, "note": note}
     weights, digest = _production_weights(registry, name, version, model)
-    with strategy.scope():
+    with placement.scope():
         model.set_weights(weights)
     note = f"warm-started from {version}, the production version of {name}"
     log.info("%s: %s (model.keras SHA-256 %s)", SETTING, note, digest)

@@ -40,6 +40,7 @@ MODELS: dict[str, Builder] = {}  # the built-in registry
 ENTRY_POINT_GROUP = "training.models"
 REFERENCE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
 _KINDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+LAYOUT_RULES = "layout_rules"  # a builder's attribute: how it splits over devices
 BACKBONE = "backbone"  # the layer ``model.weights`` and ``freeze_epochs`` act on
 
 
@@ -171,6 +172,29 @@ def check_args(name: str, builder: Builder, args: Mapping[str, Any]) -> dict[str
                               f"{shown(value)}")
         out[key] = value
     return out
+
+
+def layout_rules(name: str) -> dict[str, tuple[str | None, ...]]:
+    """How model ``name`` is split over the mesh's ``model`` axis (``runtime.model_parallel``
+    under jax): its builder's ``layout_rules`` attribute, ``{variable path regex: axes}``
+    as Keras's ``LayoutMap`` reads it (``{"dense.*/kernel$": ("model", None)}``: each
+    device holds a slice of those kernels' rows). ConfigError when it gives none."""
+    rules = getattr(resolve(name), LAYOUT_RULES, None)
+    if not rules:
+        raise ConfigError(
+            f"runtime.model_parallel asks to split model {name!r} over devices, but it "
+            f"gives no layout rules: set its builder's `{LAYOUT_RULES}` attribute (a dict "
+            "of variable path patterns to axes, docs/models.md), or set "
+            "runtime.model_parallel to 1")
+    checked = {}
+    for pattern, axes in dict(rules).items():
+        if not isinstance(pattern, str) or not isinstance(axes, (tuple, list)) or not all(
+                a is None or isinstance(a, str) for a in axes):
+            raise ConfigError(f"model {name!r}: layout rule {shown(pattern)}: "
+                              f"{shown(axes)} must map a pattern to a tuple of axis names "
+                              "or None, e.g. ('model', None)")
+        checked[pattern] = tuple(axes)
+    return checked
 
 
 def build(name: str, input_shape: tuple[int, ...], num_classes: int,

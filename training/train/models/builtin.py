@@ -9,6 +9,11 @@ from typing import Any
 
 from training.train.models import register
 
+# runtime.model_parallel under jax: every Dense kernel split by rows (its input
+# features) over the mesh's model axis; the rest replicated. Rows, not columns: the
+# classes (10) need not divide by the axis, the features (64, 784, 512, 1600) do.
+DENSE_KERNELS = {r"dense(_\d+)?/kernel$": ("model", None)}
+
 
 def _inputs(input_shape: tuple[int, ...]) -> tuple[Any, Any]:
     import keras
@@ -29,6 +34,9 @@ def mlp(input_shape: tuple[int, ...], num_classes: int) -> Any:
     x = layers.Dropout(0.2)(x)
     outputs = layers.Dense(num_classes, activation="softmax", dtype="float32")(x)
     return keras.Model(inputs, outputs, name="mlp")
+
+
+mlp.layout_rules = DENSE_KERNELS
 
 
 BN_MOMENTUM = 0.9
@@ -66,3 +74,6 @@ def cnn(input_shape: tuple[int, ...], num_classes: int) -> Any:
     x = layers.Dropout(0.5)(x)
     outputs = layers.Dense(num_classes, activation="softmax", dtype="float32")(x)
     return keras.Model(inputs, outputs, name="cnn")
+
+
+cnn.layout_rules = DENSE_KERNELS

@@ -1,0 +1,139 @@
+"""The input pipeline of a JAX training process: a split as batches of NumPy arrays.
+
+``input.make_dataset`` builds this one when the process runs Keras on JAX (tf.data needs
+TensorFlow, which a JAX process never imports). The split is read by
+``staged_arrays.StagedArrays`` (the same examples, in the same order, as the tf.data
+reader), and served as a ``keras.utils.PyDataset``:
+
+* **why a PyDataset**: it ships with Keras and runs on every backend; Keras's JAX
+  trainer takes its batches, prefetches them in threads (``workers``) and lays each
+  batch out over the distribution's devices. NumPy arrays handed to ``fit`` would be
+  shuffled by Keras with its own generator and could not decode lazily; grain is one
+  more dependency (with native parts) for what a dozen lines do here.
+* **cached** (``dataset.input_cache``, the same rule as tf.data's: the decoded split fits
+  in a quarter of the memory available): decoded once, in parallel threads, then each
+  batch is a slice of a per-epoch permutation.
+* **not cached**: the encoded records stay in memory (a few kB an image) and each batch
+  is decoded when it is asked for, in ``workers`` threads ahead of the step (Pillow
+  releases the GIL while it decodes).
+* **shuffle**: a permutation drawn per epoch from ``(seed, epoch)``: a seed gives one
+  order, a new one each epoch. Like the tf.data path, a resumed run starts the stream
+  again (docs/resume.md).
+* **augment**: ``flip`` and ``crop`` (reflect-padded by 1/8 of a side, then cropped),
+  per image, drawn from ``(seed, epoch, batch)``.
+* **several processes** (``jax.process_count()`` > 1): every process draws the same
+  permutation and takes its own contiguous slice of each global batch, which Keras joins
+  into one global array (``jax.make_array_from_process_local_data``). A global batch is
+  cut to a multiple of the data-parallel devices (at most ``devices - 1`` examples of an
+  epoch's last batch are left out, logged once), since each device takes an equal part.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import keras
+import numpy as np
+
+from training.errors import DatasetError
+
+log = logging.getLogger(__name__)
+
+
+def data_devices() -> int:
+    """The devices a global batch is split over: the active distribution's data axis."""
+    distribution = keras.distribution.distribution()
+    if distribution is None:
+        return 1
+    mesh = distribution.device_mesh
+    return int(mesh.shape[mesh.axis_names.index(distribution.batch_dim_name)])
+
+
+def processes() -> tuple[int, int]:
+    """(this process's index, the number of processes) of a JAX run."""
+    import jax
+
+    return jax.process_index(), jax.process_count()
+
+
+class SplitBatches(keras.utils.PyDataset):
+    """One split as ``(uint8 images, int32 labels)`` batches (see the module doc)."""
+
+    def __init__(self, reader: Any, split: str, *, global_batch_size: int, shuffle: bool,
+                 seed: int, keep_decoded: bool, augment: tuple[str, ...] = ()) -> None:
+        workers = 1 if keep_decoded else min(8, os.cpu_count() or 1)
+        super().__init__(workers=workers, use_multiprocessing=False, max_queue_size=8)
+        self.reader, self.split, self.seed = reader, split, seed
+        self.shuffle, self.augment = shuffle, augment
+        self.global_batch_size = global_batch_size
+        self.devices = data_devices()
+        self.process, self.processes = processes()
+        if keep_decoded:
+            self.images, self.labels = reader.arrays(split)
+            self.encoded = None
+        else:
+            self.encoded, self.labels = reader.encoded(split)
+            self.images = None
+        self.labels = self.labels.astype(np.int32)  # JAX's default integer width
+        if not len(self.labels):
+            raise DatasetError(f"split {split!r} of dataset {reader.name} has no examples")
+        if global_batch_size % self.devices:
+            raise DatasetError(f"the global batch {global_batch_size} does not divide over "
+                               f"the {self.devices} data-parallel devices")
+        self.epoch = 0
+        self._order: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        batches = -(-len(self.labels) // self.global_batch_size)
+        last = len(self.labels) - (batches - 1) * self.global_batch_size
+        return batches - (1 if last < self.devices else 0)
+
+    def order(self) -> np.ndarray:
+        """This epoch's order of the split's examples."""
+        if self._order is None:
+            count = len(self.labels)
+            self._order = (np.random.default_rng([self.seed, self.epoch]).permutation(count)
+                           if self.shuffle else np.arange(count))
+        return self._order
+
+    def on_epoch_end(self) -> None:
+        self.epoch += 1
+        self._order = None
+
+    def __getitem__(self, index: int) -> tuple[np.ndarray, np.ndarray]:
+        rows = self.order()[index * self.global_batch_size:
+                            (index + 1) * self.global_batch_size]
+        rows = rows[:len(rows) - len(rows) % self.devices]  # equal parts per device
+        share = len(rows) // self.processes
+        rows = rows[self.process * share:(self.process + 1) * share]
+        if self.images is not None:
+            images = self.images[rows]
+        else:
+            images = self.reader.decode([self.encoded[i] for i in rows], workers=1,
+                                        split=self.split)
+        if self.augment:
+            images = augmented(images, self.augment,
+                               np.random.default_rng([self.seed, self.epoch, index]))
+        return images, self.labels[rows]
+
+
+def augmented(images: np.ndarray, ops: tuple[str, ...], rng: np.random.Generator) -> np.ndarray:
+    """``images`` (N, H, W, C) with each randomly flipped left-right and/or cropped from
+    its reflect-padded copy (padding 1/8 of a side, at least 1 pixel)."""
+    images = images.copy()
+    count, height, width = images.shape[:3]
+    if "flip" in ops:
+        flip = rng.random(count) < 0.5
+        images[flip] = images[flip, :, ::-1]
+    if "crop" in ops:
+        pad_h = 0 if height < 2 else max(1, height // 8)
+        pad_w = 0 if width < 2 else max(1, width // 8)
+        padded = np.pad(images, ((0, 0), (pad_h, pad_h), (pad_w, pad_w), (0, 0)),
+                        mode="reflect")
+        tops = rng.integers(0, 2 * pad_h + 1, count)
+        lefts = rng.integers(0, 2 * pad_w + 1, count)
+        for i in range(count):
+            images[i] = padded[i, tops[i]:tops[i] + height, lefts[i]:lefts[i] + width]
+    return images
