@@ -19,7 +19,7 @@ from typing import Any
 from training import backend, layout
 from training.config import SECTIONS, FieldSpec, RunConfig, flat_fields, json_schema
 from training.entry import run_command
-from training.errors import ERROR_EXIT, ConfigError
+from training.errors import ConfigError
 from training.locks import claim_run
 from training.train import cluster
 
@@ -153,17 +153,6 @@ def _default(key: str) -> Any:
     return next(spec.default for spec in flat_fields() if spec.key == key)
 
 
-def _check_models_args(args: argparse.Namespace) -> None:
-    need = {"show": ("name", "version"), "promote": ("name", "version", "reason"),
-            "rollback": ("name", "version")}.get(args.action, ())
-    for field in need:
-        if not getattr(args, field):
-            raise ConfigError(f"models {args.action} needs --{field}")
-    if not args.verify and args.action != "show":
-        raise ConfigError(f"--no-verify applies to models show only, got models "
-                          f"{args.action} (promote and rollback always verify)")
-
-
 def load_config(args: argparse.Namespace) -> RunConfig:
     values = {s.key: getattr(args, s.key) for s in flat_fields() if hasattr(args, s.key)}
     if not args.config:
@@ -177,8 +166,9 @@ def execute(args: argparse.Namespace) -> int:
                                                                 indent=2))
         return 0
     if args.command == "models":
-        _check_models_args(args)
-        return _models(args)
+        from training.registry.commands import models
+
+        return models(args)
     if args.command == "clean-staging":
         return _clean_staging(args)
     cfg = load_config(args)
@@ -259,58 +249,6 @@ def _data_stats(path: str | None) -> dict[str, Any] | None:
         raise ConfigError(f"--data-stats {path} must hold a JSON object, got "
                           f"{type(stats).__name__}")
     return stats
-
-
-def _models(args: argparse.Namespace) -> int:
-    from datetime import UTC, datetime
-
-    from training.registry import open_store
-    from training.registry.versions import ModelRegistry
-
-    registry = ModelRegistry(open_store(args.store_uri))
-    now = datetime.now(UTC).isoformat(timespec="seconds")  # a person's action, not a retry
-    if args.action == "list":
-        names = [args.name] if args.name else registry.list_models()
-        out: Any = {}
-        for n in names:
-            versions = registry.list_versions(n)
-            production = registry.production(n)
-            out[n] = {"production": production, "versions": versions}
-            if production is not None and production not in {v["version"] for v in versions}:
-                out[n]["warning"] = (f"production points at version {production!r}, which is "
-                                     "not a complete version in this store (deleted?); roll "
-                                     "back to one that is")
-                log.warning("model %s: %s", n, out[n]["warning"])
-    elif args.action == "show":
-        out = _show(registry, args.name, args.version, verify=args.verify)
-        if out is None:
-            return ERROR_EXIT
-    elif args.action == "promote":
-        out = registry.promote(args.name, args.version, run_id=f"manual-{args.version}",
-                               at=now, reason=f"manual promotion: {args.reason}", forced=True)
-    else:
-        out = registry.rollback(args.name, args.version, run_id=f"rollback-{args.version}",
-                                at=now, note=args.reason)
-    print(json.dumps(out, indent=2))
-    return 0
-
-
-def _show(registry: Any, name: str, version: str, *, verify: bool) -> dict[str, Any] | None:
-    """A version's manifest, its files first checked against it as promotion checks
-    them (``ModelRegistry.check``); None, after one ``error:`` line per bad file."""
-    if not verify:
-        manifest = registry.show(name, version)
-        verdict = {"verified": False, "verification": "skipped (--no-verify): no file was "
-                   "read back or checked against the manifest"}
-    else:
-        manifest, problems = registry.check(name, version)
-        for problem in problems:
-            print(f"error: {problem}", file=sys.stderr)
-        if problems:
-            return None
-        verdict = {"verified": True, "verified_files": len(manifest["files"])}
-    return {**manifest, **verdict, "production": registry.production(name) == version,
-            "history": registry.history(name)}
 
 
 def _clean_staging(args: argparse.Namespace) -> int:

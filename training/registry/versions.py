@@ -13,18 +13,20 @@ returns the existing manifest, and publishing different bytes under an existing 
 is refused. A publish that stops before the manifest leaves no complete version;
 running it again completes it.
 
-``ModelRegistry`` is the public face: publish, show, verify, list and download are
-here; the production pointer, history, promote and rollback come from
-``pointer.ProductionPointer``, safe Keras loading from ``loading.ModelLoading``.
+``ModelRegistry`` is the public face: publish, show, verify (the first bad file) and
+check (every bad file), list and download are here; the production pointer, history,
+promote and rollback come from ``pointer.ProductionPointer``, safe Keras loading from
+``loading.ModelLoading``.
 Names and versions follow ``training.layout.NAME_PATTERN``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -209,23 +211,48 @@ class ModelRegistry(ProductionPointer, ModelLoading):
         Returns the manifest; IntegrityError naming the first file that differs.
         """
         manifest = self.show(name, version)
+        with contextlib.closing(self.file_problems(name, version, manifest)) as problems:
+            for problem in problems:
+                raise IntegrityError(problem)
+        return manifest
+
+    def check(self, name: str, version: str) -> tuple[dict[str, Any], list[str]]:
+        """``verify`` that reads on past a bad file: the manifest and one line per file
+        that is damaged, missing or unreadable (none: every file is as published)."""
+        manifest = self.show(name, version)
+        return manifest, list(self.file_problems(name, version, manifest))
+
+    def file_problems(self, name: str, version: str,
+                      manifest: dict[str, Any]) -> Iterator[str]:
+        """Each file of ``manifest`` read back from the store and compared (size and
+        SHA-256) with its entry, in order; yields what is wrong with each bad one. The
+        one check behind ``verify`` (promotion, loading) and ``check`` (``models show``)."""
         with tempfile.TemporaryDirectory(prefix="verify-") as tmp:
             copy = Path(tmp) / "object"
             for entry in manifest["files"]:
+                key = version_key(name, version, entry["path"])
                 where = f"file {entry['path']!r} of model {name!r} version {version!r}"
                 try:
-                    self.store.get_file(version_key(name, version, entry["path"]), copy)
+                    self.store.get_file(key, copy)
                 except IntegrityError as exc:
-                    raise IntegrityError(f"{where} is corrupt: {exc}") from exc
+                    yield f"{where} is corrupt: {exc}"
+                    continue
                 except StorageError as exc:
-                    raise IntegrityError(f"{where} cannot be read: {exc}") from exc
+                    yield (f"{where} is missing from the store: {exc}"
+                           if not self._exists(key) else f"{where} cannot be read: {exc}")
+                    continue
                 found = files_manifest.mismatch(copy, entry)
                 if found is not None:
-                    raise IntegrityError(
-                        f"{where} is corrupt: manifest says {entry['size']} bytes, SHA-256 "
-                        f"{entry['sha256']}; store holds {found[0]} bytes, SHA-256 {found[1]}"
-                    )
-        return manifest
+                    yield (f"{where} is corrupt: manifest says {entry['size']} bytes, SHA-256 "
+                           f"{entry['sha256']}; store holds {found[0]} bytes, SHA-256 "
+                           f"{found[1]}")
+
+    def _exists(self, key: str) -> bool:
+        """Whether ``key`` is in the store; a store that does not answer: assume so."""
+        try:
+            return self.store.exists(key)
+        except StorageError:
+            return True
 
     def list_models(self) -> list[str]:
         """Names of models with a complete version or a production pointer, sorted."""
