@@ -18,6 +18,10 @@ check (every bad file), list and download are here; the production pointer, hist
 promote and rollback come from ``pointer.ProductionPointer``, safe Keras loading from
 ``loading.ModelLoading``.
 Names and versions follow ``training.layout.NAME_PATTERN``.
+
+Why one module of about 330 lines: publish writes the manifest that show, verify, check
+and download read back, one format and one rule for each file (size and SHA-256);
+split, a change to either side would have to be mirrored in the other.
 """
 
 from __future__ import annotations
