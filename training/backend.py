@@ -79,5 +79,11 @@ def use(name: str) -> None:
 
 
 def env(name: str) -> dict[str, str]:
-    """The environment a launcher gives a training process of backend ``name``."""
+    """What a launcher adds to the environment of a training process of backend
+    ``name``."""
     return {ENV: name}
+
+
+def child_env(name: str) -> dict[str, str]:
+    """This process's environment for a child process of backend ``name``."""
+    return {**os.environ, ENV: name}

@@ -115,6 +115,7 @@ ENVIRONMENT_READERS = {
     "training/train/keras_patches/__init__.py": "TRAINING_KERAS_COMPAT, a worker's switch "
                                                 "for the patches",
     "training/launch/command.py": "a step's child inherits the task's environment",
+    "training/backend.py": "KERAS_BACKEND, Keras's contract with each process",
     "plugins/training_airflow/preflight.py": "the checks are of the environment itself",
 }
 

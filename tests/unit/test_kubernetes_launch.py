@@ -544,3 +544,12 @@ def test_env_json_with_single_overrides():
         2.5, 7, None)
     assert options.kueue_queue == "team-a"
     assert k8s.KubernetesOptions.from_env({}) == k8s.KubernetesOptions()
+
+
+@pytest.mark.parametrize("backend", ["tensorflow", "jax"])
+def test_every_pod_gets_the_runs_keras_backend_before_it_imports_keras(backend):
+    _, _, (_, _, job) = make("gpu", 2, backend=backend)
+    env = {e["name"]: e.get("value") for e in container(job)["env"]}
+    assert env["KERAS_BACKEND"] == backend
+    with pytest.raises(ConfigError, match="KERAS_BACKEND"):  # the run's setting decides
+        k8s.KubernetesOptions(env={"KERAS_BACKEND": "torch"})

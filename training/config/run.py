@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from training.config.backend_rules import check_backend
 from training.config.schema import FieldSpec, field_specs, property_schema
 from training.config.sections import (
     SECTIONS,
@@ -65,47 +66,7 @@ def check_across(cfg: RunConfig) -> None:
             f"runtime.tpu names a TPU ({runtime.tpu!r}) but runtime.accelerator is "
             f"{runtime.accelerator!r}: the TPU would be ignored; set runtime.accelerator "
             "to 'tpu' to train on it, or leave runtime.tpu empty")
-    check_backend(runtime)
-
-
-# TensorFlow's settings and their defaults: under jax each must keep its default.
-TENSORFLOW_ONLY = {
-    "all_reduce": ("auto", "the all-reduce of tf.distribute's MultiWorkerMirroredStrategy"),
-    "gradient_pack_mb": (0, "tf.distribute's gradient packing"),
-    "tpu": ("", "TensorFlow's TPUClusterResolver; JAX finds a TPU host's devices itself"),
-    "jit_compile": (False, "TensorFlow's XLA switch; JAX compiles every step with XLA"),
-    "collective_timeout_s": (1800, "tf.distribute's collective timeout"),
-}
-
-
-def check_backend(runtime: Any) -> None:
-    """Settings that cannot take effect under ``runtime.backend``: refused, naming both."""
-    if runtime.backend == "tensorflow":
-        if runtime.model_parallel > 1:
-            raise ConfigError(
-                f"runtime.model_parallel is {runtime.model_parallel}, but runtime.backend "
-                "is 'tensorflow': splitting a model over devices needs Keras's "
-                "keras.distribution, which runs on backend 'jax'; set runtime.backend to "
-                "'jax' or runtime.model_parallel to 1")
-        return
-    for name, (default, what) in TENSORFLOW_ONLY.items():
-        value = getattr(runtime, name)
-        if value != default:
-            raise ConfigError(
-                f"runtime.{name} is {value!r}, but runtime.backend is 'jax': it sets {what} "
-                f"and would be ignored; leave runtime.{name} at {default!r} or set "
-                "runtime.backend to 'tensorflow'")
-    if runtime.strategy in ("mirrored", "tpu"):
-        raise ConfigError(
-            f"runtime.strategy is {runtime.strategy!r}, a tf.distribute strategy, but "
-            "runtime.backend is 'jax': use 'auto' (one device, data parallel over "
-            "runtime.devices, model parallel, several workers, a TPU host's devices), "
-            "'one_device' or 'multi_worker'")
-    if runtime.model_parallel > 1 and runtime.strategy == "one_device":
-        raise ConfigError(
-            f"runtime.model_parallel is {runtime.model_parallel}, but runtime.strategy is "
-            "'one_device': a model split over devices needs them; set runtime.strategy "
-            "to 'auto' or runtime.model_parallel to 1")
+    check_backend(runtime)  # training.config.backend_rules
 
 
 def check_known(keys: Iterable[str], allowed: Collection[str], noun: str,

@@ -1,5 +1,10 @@
 """The sections of a run's configuration: dataset, validation, model, fit, runtime,
-promotion, storage. Each field's declaration is its whole schema (``schema.setting``)."""
+promotion, storage. Each field's declaration is its whole schema (``schema.setting``).
+
+Just over 300 lines on purpose: every field of five sections, each with its words,
+bounds and key; split, the form's and the docs' order (the declaration order) would be
+spread over modules.
+"""
 
 from __future__ import annotations
 

@@ -82,7 +82,7 @@ def as_dataset(holdout: Holdout, batch_size: int) -> Any:
     list of NumPy batches in a process that runs Keras on JAX: no TensorFlow there)."""
     from training import backend
 
-    if backend.chosen() == "jax":
+    if backend.imported() == "jax":
         return [(holdout.images[i:i + batch_size], holdout.labels[i:i + batch_size])
                 for i in range(0, len(holdout.labels), batch_size)]
     import tensorflow as tf

@@ -59,7 +59,7 @@ def load_builder(staged: Any) -> Any:
     builder reads."""
     from training import backend
 
-    if backend.chosen() == "jax":  # no TensorFlow in this process
+    if backend.imported() == "jax":  # no TensorFlow in this process
         from training.data.staged_arrays import StagedArrays
 
         return StagedArrays(staged)

@@ -60,6 +60,16 @@ def unplaced() -> None:
         keras.distribution.set_distribution(None)
 
 
+def _trained_with(out: Path) -> str:
+    """The Keras backend that trained the run's model (``run.json``; runs from before
+    there was a choice trained on TensorFlow)."""
+    try:
+        strategy = json.loads((out / layout.RUN).read_text()).get("strategy") or {}
+    except (OSError, ValueError):
+        strategy = {}
+    return strategy.get("backend") or "tensorflow"
+
+
 def _load(path: str | Path) -> Any:
     """The run's own model, loaded as every model is (``registry.loading.load_keras``)."""
     if not Path(path).is_file():
@@ -141,6 +151,7 @@ def _evaluate(cfg: RunConfig, staged: StagedDataset, registry: ModelRegistry,
         "model_name": name,
         "version": cfg.run_id,
         "dataset": staged.key,
+        "backend": _trained_with(out),
         "model_check": model_check,
         "challenger": challenger,
         "champion": champion,

@@ -9,7 +9,6 @@ without importing tensorflow-datasets (the Airflow task's 0.01 s check).
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any
 
 from training.config import RunConfig
@@ -58,6 +57,6 @@ def stage_elsewhere(cfg: RunConfig, staged_file: str | None = None) -> StagedDat
     with tempfile.TemporaryDirectory(prefix="stage-") as tmp:
         config_path = cfg.write(Path(tmp))
         staged = StagedDataset.from_dict(stage_subprocess(
-            config_path, sys.executable, {**os.environ, **backend.env("tensorflow")}))
+            config_path, sys.executable, backend.child_env("tensorflow")))
     staging.verify(staged)
     return staged

@@ -44,7 +44,9 @@ def export_in_tensorflow(model_path: str | os.PathLike[str], path: str | os.Path
     """Write the SavedModel of the ``.keras`` file at ``model_path`` (of ``model.name``
     ``model_name``, whose module registers its custom layers) to ``path`` from a child
     process on the TensorFlow backend; TrainingError with its last lines if it fails."""
-    env = {**os.environ, "KERAS_BACKEND": "tensorflow", "TF_CPP_MIN_LOG_LEVEL": "2"}
+    from training import backend
+
+    env = {**backend.child_env("tensorflow"), "TF_CPP_MIN_LOG_LEVEL": "2"}
     done = subprocess.run([sys.executable, "-m", "training.train.export",
                            os.fspath(model_path), os.fspath(path), model_name],
                           env=env, capture_output=True, text=True, check=False)

@@ -51,12 +51,14 @@ from training.train.strategy import precision_policy, resolve, steps_per_executi
 log = logging.getLogger(__name__)
 
 
-def make_callbacks(fit: FitConfig, run_dir: Path, tuning: Sequence[Any] = ()) -> list[Any]:
+def make_callbacks(fit: FitConfig, run_dir: Path, tuning: Sequence[Any] = (),
+                   restore_from: Path | None = None) -> list[Any]:
     """NaN guard, EarlyStopping, ReduceLROnPlateau, best checkpoint, CSV and TensorBoard
     logs, ``tuning`` (the fine-tuning schedule), backup: the logs after ReduceLROnPlateau,
     which adds the learning rate to each epoch's logs; the backup (``ResumableBackup``)
     after the callbacks whose state it saves and restores, the schedule just before it
-    (why the order matters: ``training.train.callbacks.backup`` and ``fine_tune``)."""
+    (why the order matters: ``training.train.callbacks.backup`` and ``fine_tune``).
+    ``restore_from``: the chief's backup, for a worker of a JAX run of several processes."""
     import keras
 
     from training.train.callbacks.backup import ResumableBackup
@@ -97,7 +99,7 @@ def make_callbacks(fit: FitConfig, run_dir: Path, tuning: Sequence[Any] = ()) ->
         *tuning,
         ResumableBackup(run_dir / layout.BACKUP_DIR, early_stopping=early_stopping,
                         reduce_lr=reduce_lr, checkpoint=checkpoint,
-                        min_interval_s=fit.backup_interval_s),
+                        min_interval_s=fit.backup_interval_s, restore_from=restore_from),
     ]
 
 
@@ -296,7 +298,11 @@ def _train(cfg: RunConfig, staged: StagedDataset, resolved: Any,
         "pretrained_weights": weights,
         "warm_start": warm,
     }, indent=2) + "\n")
-    callbacks = [*make_callbacks(cfg.fit, run_dir, tuning), *extra_callbacks]
+    # Under JAX every process loads the chief's backup itself (an assignment is a
+    # collective there); under TensorFlow the chief's is broadcast (keras_patches).
+    chiefs = final_dir / layout.BACKUP_DIR
+    restore_from = chiefs if resolved.backend == "jax" and not resolved.is_chief else None
+    callbacks = [*make_callbacks(cfg.fit, run_dir, tuning, restore_from), *extra_callbacks]
     backup = next(c for c in callbacks if isinstance(c, ResumableBackup))
     log.info("training %s on %s for up to %d epochs", cfg.model.name, staged.key,
              cfg.fit.epochs)

@@ -1,6 +1,6 @@
 """The distribution of a JAX training process: ``keras.distribution``, decided as the
 TensorFlow strategy is (``strategy.resolve`` calls ``resolve`` for ``runtime.backend``
-``jax``) and recorded the same way.
+``jax``) and recorded the same way (``placement.Resolved``).
 
 ``choose_kind`` is the decision (pure, unit-tested):
 
@@ -29,7 +29,7 @@ from typing import Any
 from training.config import RunConfig
 from training.errors import ConfigError
 from training.train import cluster, models
-from training.train.strategy import (
+from training.train.placement import (
     Resolved,
     check_devices,
     not_a_worker,
@@ -138,13 +138,16 @@ def _distribution(cfg: RunConfig, kind: str, devices: list[str], data: int,
         return None  # JAX's default device: no mesh to place anything on
     names = np.array([_keras_name(d) for d in devices])
     if model == 1:
-        return distribution.DataParallel(devices=list(names))
+        # Each process reads its own slice of every batch (array_input.SplitBatches):
+        # Keras's auto-sharding is for tf.data.
+        return distribution.DataParallel(devices=list(names), auto_shard_dataset=False)
     mesh = distribution.DeviceMesh(shape=(data, model), axis_names=(DATA_AXIS, MODEL_AXIS),
                                    devices=names.reshape(data, model))
     layout = distribution.LayoutMap(mesh)
     for pattern, axes in models.layout_rules(cfg.model.name).items():
         layout[pattern] = axes
-    return distribution.ModelParallel(layout_map=layout, batch_dim_name=DATA_AXIS)
+    return distribution.ModelParallel(layout_map=layout, batch_dim_name=DATA_AXIS,
+                                      auto_shard_dataset=False)
 
 
 def check_layout(cfg: RunConfig, resolved: Resolved, model: Any) -> None:

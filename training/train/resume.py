@@ -149,25 +149,31 @@ def read(directory: Path) -> dict[str, Any] | None:
     return state
 
 
-def broadcast(strategy: Any, state: dict[str, Any] | None, best: list[Any] | None,
-              weights_like: Callable[[], list[Any]]) -> tuple[dict[str, Any] | None,
-                                                              list[Any] | None]:
-    """Every worker gets the chief's state and best weights (two or three all-reduces,
-    run by every worker in step). ``weights_like()``: arrays shaped as the best weights,
-    for a worker that has none."""
-    from training.train.keras_patches.backup_restore_sync import broadcast_from_replica_0
-
+def broadcast(send: Callable[[list[Any]], list[Any]], state: dict[str, Any] | None,
+              best: list[Any] | None, weights_like: Callable[[], list[Any]]
+              ) -> tuple[dict[str, Any] | None, list[Any] | None]:
+    """Every worker gets the chief's state and best weights (two or three collectives,
+    run by every worker in step). ``send``: the broadcast from the chief
+    (``tensorflow_sender``); ``weights_like()``: arrays shaped as the
+    best weights, for a worker that has none."""
     blob = json.dumps(state).encode() if state is not None else b""
-    (size,) = broadcast_from_replica_0(strategy, [np.int64(len(blob))])
+    (size,) = send([np.int64(len(blob))])
     size = int(size)
     if size == 0:
         return None, None
     mine = np.zeros(size, np.int32)
     mine[:min(size, len(blob))] = np.frombuffer(blob, np.uint8)[:size]
-    (chars,) = broadcast_from_replica_0(strategy, [mine])
+    (chars,) = send([mine])
     state = json.loads(bytes(np.asarray(chars, np.uint8)).decode())
     if state["callbacks"]["early_stopping"]["best_weights"] is None:
         return state, None
     best = best if best is not None else [np.zeros_like(w) for w in weights_like()]
-    synced = broadcast_from_replica_0(strategy, best)
+    synced = send(best)
     return state, [np.asarray(w) for w in synced]
+
+
+def tensorflow_sender(strategy: Any) -> Callable[[list[Any]], list[Any]]:
+    """Broadcast from replica 0 of a MultiWorkerMirroredStrategy (one all-reduce)."""
+    from training.train.keras_patches.backup_restore_sync import broadcast_from_replica_0
+
+    return lambda values: broadcast_from_replica_0(strategy, values)

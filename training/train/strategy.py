@@ -18,18 +18,21 @@ machine (TPU resolver, ``TF_CONFIG``, visible GPUs), calls it, and builds the
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import math
 import os
-import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from training.config import RunConfig, RuntimeConfig
 from training.errors import ConfigError, shown
 from training.train import cluster  # TF_CONFIG: the one place that reads it
+from training.train.placement import (  # noqa: F401  (check_devices: tests import it here)
+    Resolved,
+    check_devices,
+    not_a_worker,
+    scaled_learning_rate,
+    select_devices,
+)
 
 log = logging.getLogger(__name__)
 
@@ -52,99 +55,6 @@ def choose_kind(requested: str, *, tpu_available: bool, workers_in_tf_config: in
     if gpus > 1:
         return "mirrored"
     return "one_device"
-
-
-_LOCAL_DEVICE = re.compile(r"/?(?:device:)?(cpu|gpu|tpu):(\d+)", re.IGNORECASE)
-
-
-def check_devices(asked: list[str], available: list[str]) -> None:
-    """ConfigError unless every device asked for exists here, once each (a device that
-    does not exist would leave MirroredStrategy waiting for ever at the first step)."""
-    have = {}
-    for name in available:  # TF's logical names: /device:CPU:0, /job:localhost/.../GPU:0
-        found = _LOCAL_DEVICE.search(name.rsplit("/", 1)[-1] if "/job:" in name else name)
-        if found:
-            have[(found[1].upper(), int(found[2]))] = name
-    seen = set()
-    for device in asked:
-        local = _LOCAL_DEVICE.fullmatch(device)
-        if local is None:  # /job:... names a device of a cluster: TF checks it
-            continue
-        key = (local[1].upper(), int(local[2]))
-        if key in seen:
-            raise ConfigError(f"runtime.devices names {device} twice, got {asked}")
-        seen.add(key)
-        if key not in have:
-            shown_have = ", ".join(f"/{t.lower()}:{i}" for t, i in sorted(have)) or "none"
-            raise ConfigError(f"runtime.devices asks for {device}, which this machine does "
-                              f"not have; it has: {shown_have}")
-
-
-def select_devices(runtime: RuntimeConfig, gpu_names: list[str]) -> list[str]:
-    """The devices to train on: the explicit list, else the first N GPUs, else the CPU."""
-    if runtime.devices:
-        return list(runtime.devices)
-    if runtime.num_gpus:
-        if runtime.num_gpus > len(gpu_names):
-            raise ConfigError(
-                f"runtime.num_gpus asks for {runtime.num_gpus} GPUs but {len(gpu_names)} "
-                f"are visible ({', '.join(gpu_names) or 'none'})"
-            )
-        return gpu_names[: runtime.num_gpus]
-    return gpu_names or ["/cpu:0"]
-
-
-def scaled_learning_rate(base: float, rule: str, replicas: int) -> float:
-    if rule == "none":
-        return base
-    if rule == "linear":
-        return base * replicas
-    if rule == "sqrt":
-        return base * math.sqrt(replicas)
-    raise ConfigError(f"fit.lr_scaling must be one of none, linear, sqrt, got {rule!r}")
-
-
-@dataclass(frozen=True)
-class Resolved:
-    """The strategy (TensorFlow) or distribution (JAX; None for the default device) and
-    the effective values it implies; ``to_dict`` is recorded. ``details``: what only one
-    backend has (JAX's mesh, processes and platform)."""
-
-    strategy: Any
-    kind: str
-    devices: list[str]
-    replicas: int
-    global_batch_size: int
-    learning_rate: float
-    is_chief: bool
-    backend: str = "tensorflow"
-    details: dict[str, Any] = field(default_factory=dict)
-
-    def scope(self) -> Any:
-        """Where the model and optimizer are built: the strategy's or distribution's."""
-        return self.strategy.scope() if self.strategy is not None else (
-            contextlib.nullcontext())
-
-    @property
-    def on_tpu(self) -> bool:
-        return self.kind == "tpu" or self.details.get("platform") == "tpu"
-
-    @property
-    def several_processes(self) -> bool:
-        """Several workers train together: one cannot save (a SIGTERM backup) for all."""
-        return self.kind == "multi_worker"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "backend": self.backend,
-            "kind": self.kind,
-            "devices": self.devices,
-            "replicas_in_sync": self.replicas,
-            "global_batch_size": self.global_batch_size,
-            "learning_rate": self.learning_rate,
-            "is_chief": self.is_chief,
-            **self.details,
-        }
 
 
 def _looks_like_tpu_host() -> bool:
@@ -235,15 +145,6 @@ def resolve(
         cfg.fit.batch_size, resolved.learning_rate, cfg.fit.lr_scaling, cfg.fit.learning_rate,
     )
     return resolved
-
-
-def not_a_worker(workers: int, tf_config: str | None) -> ConfigError:
-    """The refusal of ``runtime.workers`` > 1 in a process that no launcher started."""
-    return ConfigError(
-        f"runtime.workers is {workers} but this process is not a worker of a "
-        f"cluster (TF_CONFIG is {'unset' if not tf_config else 'a single worker'}): it "
-        "would train alone; start the workers with `python -m training train` (which "
-        "launches them here) or in the Kubernetes Job's pods, which set TF_CONFIG")
 
 
 def communication_options(runtime: RuntimeConfig, *, gpus: int) -> Any:

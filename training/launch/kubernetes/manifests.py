@@ -29,7 +29,7 @@ import posixpath
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from training import __version__
+from training import __version__, backend
 from training.config import RunConfig
 from training.errors import ConfigError
 from training.launch.kubernetes.kueue import QUEUE_LABEL
@@ -147,6 +147,8 @@ def _env(cfg: RunConfig, options: KubernetesOptions, job: str) -> list[dict[str,
         {"name": ENV_WORKERS, "value": str(cfg.runtime.workers)},
         {"name": ENV_PORT, "value": str(options.port)},
         {"name": "PYTHONUNBUFFERED", "value": "1"},
+        # Set before the pod's process imports Keras (training.backend)
+        *({"name": k, "value": v} for k, v in backend.env(cfg.runtime.backend).items()),
     ]
     env += [{"name": k, "value": v} for k, v in options.env.items()]
     if options.credentials_secret:

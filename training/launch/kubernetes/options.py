@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
+from training import backend
 from training.errors import CONFIG_ERROR_EXIT, ConfigError, shown
 from training.launch.kubernetes.names import (
     DNS_LABEL_WORDS,
@@ -240,8 +241,9 @@ def _check_pods(o: KubernetesOptions) -> None:
             )
             error.option = "env"  # type: ignore[attr-defined]
             raise error
-        if key in (*POD_ENV, *CREDENTIAL_KEYS, *OPTIONAL_CREDENTIAL_KEYS):
-            _fail("env", key, "a mapping without keys the launcher sets itself")
+        if key in (*POD_ENV, *CREDENTIAL_KEYS, *OPTIONAL_CREDENTIAL_KEYS, backend.ENV):
+            _fail("env", key, "a mapping without keys the launcher sets itself (the Keras "
+                  "backend is the run's runtime.backend)")
     for name in ("node_selector", "gpu_node_selector"):
         for key, value in getattr(o, name).items():
             if not is_label_key(key) or not is_label_value(value):

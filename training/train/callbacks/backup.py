@@ -82,6 +82,7 @@ class ResumableBackup(keras.callbacks.BackupAndRestore):
         reduce_lr: keras.callbacks.ReduceLROnPlateau,
         checkpoint: keras.callbacks.ModelCheckpoint,
         min_interval_s: float = 0.0,
+        restore_from: str | os.PathLike | None = None,
     ) -> None:
         if not isinstance(backup_dir, str | os.PathLike) or not os.fspath(backup_dir):
             raise ConfigError(f"backup_dir must be a directory path, got {shown(backup_dir)}")
@@ -102,6 +103,9 @@ class ResumableBackup(keras.callbacks.BackupAndRestore):
         self._best_saved: Any = None  # the best_weights object best.weights.h5 holds
         self.min_interval_s = min_interval_s
         self._last_commit = time.monotonic()
+        # Where a restore reads: this backup, or the chief's for a worker of a JAX run
+        # of several processes (every process must load the same state, in step).
+        self.restore_from = Path(restore_from) if restore_from else None
 
     @property
     def path(self) -> Path:
@@ -165,7 +169,7 @@ class ResumableBackup(keras.callbacks.BackupAndRestore):
         optimizer = self.model.optimizer
         if optimizer is not None and not optimizer.built:
             optimizer.build(self.model.trainable_variables)
-        self.model.load_weights(os.fspath(self.path / BEST_WEIGHTS_FILE))
+        self.model.load_weights(os.fspath(Path(self.backup_dir) / BEST_WEIGHTS_FILE))
         return self.model.get_weights()
 
     def _restore(self, state: dict[str, Any], best: list[Any] | None) -> None:
@@ -179,19 +183,34 @@ class ResumableBackup(keras.callbacks.BackupAndRestore):
         self.metrics = {k: list(v) for k, v in history["metrics"].items()}
 
     # --- Keras hooks -------------------------------------------------------------------
+    def _reading(self, directory: Path) -> None:
+        """Point Keras's own paths at ``directory`` (restore) or back at ``path``."""
+        self.backup_dir = os.fspath(directory)
+        self._weights_path = os.fspath(directory / WEIGHTS_FILE)
+        self._training_metadata_path = os.fspath(directory / METADATA_FILE)
+        self._prev_weights_path = f"{self._weights_path}.bkp"
+        self._prev_training_metadata_path = f"{self._training_metadata_path}.bkp"
+
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         self.epochs, self.metrics, self.restored = [], {}, None
         self._best_saved = None
-        files.finish_dir_swap(self.path, last_file=STATE_FILE)
-        state = resume.read(self.path)
-        best = None
-        if state is not None and state["callbacks"]["early_stopping"]["best_weights"]:
-            best = self._load_best_weights()  # before Keras loads the latest weights
-        super().on_train_begin(logs)  # weights, optimizer, epoch (keras_patches: the chief's)
+        own = self.path
+        files.finish_dir_swap(own, last_file=STATE_FILE)
+        source = self.restore_from or own
+        self._reading(source)
+        try:
+            state = resume.read(source)
+            best = None
+            if state is not None and state["callbacks"]["early_stopping"]["best_weights"]:
+                best = self._load_best_weights()  # before Keras loads the latest weights
+            super().on_train_begin(logs)  # weights, optimizer, epoch (keras_patches: the chief's)
+        finally:
+            self._reading(own)
         epoch = int(getattr(self.model, "_initial_epoch", None) or 0)
         strategy = getattr(self.model, "_distribute_strategy", None)
         if strategy is not None and keras_patches.is_multi_worker(strategy):
-            state, best = resume.broadcast(strategy, state, best, self.model.get_weights)
+            state, best = resume.broadcast(resume.tensorflow_sender(strategy), state, best,
+                                           self.model.get_weights)
         if state is None:
             if epoch:
                 log.warning("resume: backup at epoch %d has no %s; EarlyStopping, "
