@@ -1,5 +1,6 @@
 """Resume after a crash or preemption: real ``python -m training train`` processes, real
-signals (SIGKILL after an epoch, SIGTERM inside one), then a re-run of the same command.
+signals (SIGKILL after an epoch, SIGTERM inside one), then a re-run of the same command,
+on either Keras backend (`runtime.backend`).
 
 The plateau config (lr 0.05, EarlyStopping patience 3, ReduceLROnPlateau patience 2)
 makes EarlyStopping and ReduceLROnPlateau count within a few epochs, so the counters
@@ -91,17 +92,28 @@ def _test_accuracy(model_path: str | Path, staged) -> float:
     return float(model.evaluate(test, verbose=0, return_dict=True)["accuracy"])
 
 
-def test_a_killed_run_resumes_after_its_last_epoch_with_the_callbacks_where_they_were(
-    staged_digits, tmp_path
-):
-    # The same config, uninterrupted (in this process), for the accuracy comparison.
-    whole_cfg, _ = _cfg(staged_digits, tmp_path, "whole", **PLATEAU)
-    handler = signal.getsignal(signal.SIGTERM)
-    whole = train(whole_cfg, staged_digits)
-    assert signal.getsignal(signal.SIGTERM) is handler  # put back after fit
-    whole_history = json.loads((Path(whole.run_dir) / "model" / "history.json").read_text())
+BACKENDS = pytest.mark.parametrize("backend", ["tensorflow", "jax"])
 
-    cfg, config = _cfg(staged_digits, tmp_path, "killed", **PLATEAU)
+
+@BACKENDS
+def test_a_killed_run_resumes_after_its_last_epoch_with_the_callbacks_where_they_were(
+    staged_digits, tmp_path, backend
+):
+    # The same config, uninterrupted, for the accuracy comparison: in this process on
+    # TensorFlow (the SIGTERM handler put back after fit), in a JAX process of its own.
+    whole_cfg, whole_config = _cfg(staged_digits, tmp_path, "whole", backend=backend,
+                                   **PLATEAU)
+    if backend == "tensorflow":
+        handler = signal.getsignal(signal.SIGTERM)
+        whole_path = train(whole_cfg, staged_digits).model_path
+        assert signal.getsignal(signal.SIGTERM) is handler  # put back after fit
+    else:
+        code, lines = _run(whole_config)
+        assert code == 0, tail(lines)
+        whole_path = whole_cfg.run_dir() / "model" / "model.keras"
+    whole_history = json.loads((whole_cfg.run_dir() / "model" / "history.json").read_text())
+
+    cfg, config = _cfg(staged_digits, tmp_path, "killed", backend=backend, **PLATEAU)
     backup = cfg.run_dir() / "backup"
     killed: list[int] = []
 
@@ -158,7 +170,7 @@ def test_a_killed_run_resumes_after_its_last_epoch_with_the_callbacks_where_they
         assert len(history["metrics"]["val_loss"]) == es["stopped_epoch"]
 
     accuracy = _test_accuracy(cfg.run_dir() / "model" / "model.keras", staged_digits)
-    whole_accuracy = _test_accuracy(whole.model_path, staged_digits)
+    whole_accuracy = _test_accuracy(whole_path, staged_digits)
     print(f"killed after epoch {k} with {saved}; resumed run: {n} epochs, stopped "
           f"{es['stopped_epoch']}, best {es['best_epoch']}, test accuracy {accuracy:.4f}; "
           f"uninterrupted: {len(whole_history['epochs'])} epochs, stopped "
@@ -168,12 +180,13 @@ def test_a_killed_run_resumes_after_its_last_epoch_with_the_callbacks_where_they
     assert abs(accuracy - whole_accuracy) <= 0.01
 
 
+@BACKENDS
 def test_sigterm_inside_an_epoch_writes_a_backup_exits_143_and_a_rerun_completes(
-    staged_digits, tmp_path
+    staged_digits, tmp_path, backend
 ):
     # Small batches, one per call: epoch 2 lasts long enough to be interrupted inside.
     cfg, config = _cfg(staged_digits, tmp_path, "term", epochs=2, batch_size=8,
-                       steps_per_execution=1)
+                       steps_per_execution=1, backend=backend)
     backup = cfg.run_dir() / "backup"
     files = (WEIGHTS_FILE, METADATA_FILE, STATE_FILE)
     before: dict[str, str] = {}

@@ -212,3 +212,40 @@ def test_a_retry_keeps_its_first_start_and_a_resumed_run_restores_its_own_backup
     assert _run_record(resumed)["warm_start"]["from_version"] == "night-1"
     history = json.loads((model_dir(resumed.run_dir()) / HISTORY).read_text())
     assert history["epochs"] == [1, 2, 3]
+
+
+def test_either_backend_warm_starts_from_the_other_and_each_evaluates_the_other(
+        trained_run, staged_digits, tmp_path):
+    """Production trained on TensorFlow; night 2 trains on JAX (its own process, as
+    ``train`` runs it) warm from it, is evaluated there against it on the same test
+    split, published and promoted here; night 3 trains on TensorFlow warm from the
+    JAX-trained night 2."""
+    night1, registry = _production(trained_run, staged_digits, tmp_path)
+    name = night1.model_name
+    night2 = night1.with_overrides({"run_id": "night-2", "warm_start": True, "epochs": 2,
+                                    "min_improvement": -1.0, "backend": "jax"})
+    staged = tmp_path / "staged.json"
+    staged.write_text(json.dumps(staged_digits.to_dict()))
+    proc = cli(tmp_path, "train", "--config", str(night2.write(tmp_path)), "--staged",
+               str(staged), "--evaluate")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    record = _run_record(night2)
+    assert record["strategy"]["backend"] == "jax"
+    assert record["warm_start"]["from_version"] == "night-1"
+    evaluation = json.loads((model_dir(night2.run_dir()) / "evaluation.json").read_text())
+    assert evaluation["backend"] == "jax"
+    assert evaluation["champion"]["version"] == "night-1"  # TF-trained, evaluated on JAX
+    assert evaluation["champion"]["accuracy"] == pytest.approx(
+        json.loads(registry.store.get_bytes(
+            f"models/{name}/versions/night-1/evaluation.json"))["challenger"]["accuracy"])
+    publish.publish(night2, registry, created=AT)
+    assert registry.verify(name, "night-2")["version"] == "night-2"
+    assert promote.promote(night2, registry, at=AT)["promoted"]
+    assert registry.history(name)[-1]["warm_started_from"] == "night-1"
+
+    night3 = night1.with_overrides({"run_id": "night-3", "warm_start": True, "epochs": 1,
+                                    "min_improvement": -1.0})
+    first = FirstWeights()
+    train(night3, staged_digits, extra_callbacks=[first])
+    assert _same(first.weights, _weights_of(registry, name, "night-2"))
+    assert _run_record(night3)["strategy"]["backend"] == "tensorflow"
