@@ -61,7 +61,8 @@ TITLES = {"lr_scaling": "Learning-rate scaling", "min_lr": "Minimum learning rat
           "num_gpus": "Number of GPUs", "tpu": "TPU name", "jit_compile": "XLA (jit_compile)",
           "backup_interval_s": "Backup interval (s)", "monitor": "Monitored metric",
           "all_reduce": "All-reduce implementation",
-          "gradient_pack_mb": "Gradient pack size (MiB)"}
+          "gradient_pack_mb": "Gradient pack size (MiB)", "backend": "Keras backend",
+          "model_parallel": "Model parallel (devices per model)"}
 
 
 def format_name(spec: FieldSpec) -> str:

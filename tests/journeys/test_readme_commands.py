@@ -27,6 +27,7 @@ pytestmark = pytest.mark.slow
 
 DEMO = "./dev demo"
 DEMO_WITH_CONF = """./dev demo '{"model": "cnn", "epochs": 3}'"""
+DEMO_ON_JAX = """./dev demo '{"backend": "jax", "model_name": "digits-mlp-jax"}'"""
 CLI_HELP = "./dev cli run --help"
 DAG_CHECKS = './dev test tests/dags -m "not slow" -n 0'
 TENSORBOARD = ".venv/bin/tensorboard --logdir var/store/models/digits-mlp/versions --port 6006"
@@ -74,7 +75,7 @@ def clone(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_every_dev_command_of_the_readme_is_run_here():
-    tested = {DEMO, DEMO_WITH_CONF, CLI_HELP, DAG_CHECKS, TENSORBOARD, *ELSEWHERE,
+    tested = {DEMO, DEMO_WITH_CONF, DEMO_ON_JAX, CLI_HELP, DAG_CHECKS, TENSORBOARD, *ELSEWHERE,
               *night_by_night()}
     written = {c for c in readme_commands() if c.startswith(("./dev", ".venv/bin/tensorboard"))}
     assert written <= tested, f"README commands no test runs: {sorted(written - tested)}"
@@ -106,6 +107,18 @@ def test_demo_with_a_conf_trains_what_it_says(clone: Path):
     config = json.loads((clone / "var" / "store" / "models" / "digits-cnn" / "versions"
                          / done["published_version"] / "config.json").read_text())
     assert (config["model"]["name"], config["fit"]["epochs"]) == ("cnn", 3)
+
+
+def test_demo_on_jax_trains_there_and_promotes(clone: Path):
+    done = summary(sh(clone, DEMO_ON_JAX, timeout=900))
+    assert done["state"] == "success" and done["promoted"] is True, done
+    assert done["model_name"] == "digits-mlp-jax" and done["metrics"]["accuracy"] >= 0.9
+    run = json.loads((clone / "var" / "store" / "models" / "digits-mlp-jax" / "versions"
+                      / done["published_version"] / "run.json").read_text())
+    assert run["strategy"]["backend"] == "jax", run["strategy"]
+    assert run["software"]["keras_backend"] == "jax" and "tensorflow" not in run["software"]
+    assert (clone / "var" / "store" / "models" / "digits-mlp-jax" / "versions"
+            / done["published_version"] / "saved_model" / "saved_model.pb").is_file()
 
 
 def test_cli_help_lists_the_config_flags(clone: Path):
