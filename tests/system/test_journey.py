@@ -3,7 +3,9 @@
 ``./dev airflow`` runs from a fresh copy of the tree (``conftest.py``). Headless
 Chromium logs in with the login that ``./dev airflow`` printed, opens the DAG from the
 Dags list, opens the Trigger form and submits it with its defaults, and once that run
-has succeeded submits it again with one field changed; then it follows the ``publish``
+has succeeded submits it again with two fields changed (the epochs, and the Keras
+backend set to ``jax``: that run trains on JAX, with no TensorFlow in the training
+process); then it follows the ``publish``
 task's "Model version" extra link to the Models page, opens the report, goes back to
 the page and follows the version's Airflow run link back into the UI. A second test
 types an invalid value into the form and checks that Airflow refuses it, in words,
@@ -100,11 +102,16 @@ def test_trigger_form_runs_and_links_to_the_models_page(dev_airflow: Any, browse
     epochs.fill(CHANGED_EPOCHS)
     epochs.blur()
     shot(page, "04-trigger-form-epochs-changed")
+    dialog.get_by_role("button", name="Hardware and distribution").click()
+    dialog.locator("#element_backend").click()
+    page.get_by_role("option", name="jax", exact=True).click()
+    shot(page, "04b-trigger-form-backend-jax")
     expect(submit_button(dialog)).to_be_enabled()
     submit_button(dialog).click()
     expect(dialog).to_be_hidden()
     second = new_run(stack, known)
     assert second["conf"]["epochs"] == int(CHANGED_EPOCHS), second["conf"]
+    assert second["conf"]["backend"] == "jax", second["conf"]
     ended = stack.wait_for_run(second["dag_run_id"])
     states = stack.task_states(second["dag_run_id"])
     assert ended["state"] == "success", (states, stack.diagnostics(second["dag_run_id"]))
@@ -132,7 +139,11 @@ def test_trigger_form_runs_and_links_to_the_models_page(dev_airflow: Any, browse
         "at": None, "reason": None}
     config = json.loads(registry.store.get_bytes(f"models/{MODEL}/versions/{v2}/config.json"))
     assert config["fit"]["epochs"] == int(CHANGED_EPOCHS)
+    assert config["runtime"]["backend"] == "jax"
+    run = json.loads(registry.store.get_bytes(f"models/{MODEL}/versions/{v2}/run.json"))
+    assert run["strategy"]["backend"] == "jax" and "tensorflow" not in run["software"]
     check_task_costs(stack, first["dag_run_id"], v1)
+    check_task_costs(stack, second["dag_run_id"], v2)
 
     # 3. The publish task of the first run links to its version on the Models page.
     page.goto(f"{stack.base_url}/dags/{DAG_ID}/runs/{first['dag_run_id']}/tasks/publish")
@@ -152,6 +163,8 @@ def test_trigger_form_runs_and_links_to_the_models_page(dev_airflow: Any, browse
     expect(rows.first).to_have_attribute("data-version", v2)
     expect(rows.nth(1)).to_have_attribute("data-version", v1)
     expect(row.locator("a.airflow-run")).to_have_text(first["dag_run_id"])
+    expect(row.locator("td.backend")).to_have_text("tensorflow")
+    expect(rows.first.locator("td.backend")).to_have_text("jax")  # the second run's
     shot(page, "06-models-page")
 
     # 4. The report of that version, and back to the page.

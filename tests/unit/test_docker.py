@@ -21,6 +21,7 @@ import re
 import shlex
 import subprocess
 import sys
+import tomllib
 from typing import Any
 
 import pytest
@@ -164,8 +165,14 @@ def test_the_dockerfile_targets_and_build_arguments():
     assert arg_default(DOCKERFILE, "ACCELERATOR") == "gpu"
     assert arg_default(DOCKERFILE, "OFFLINE") == "false"
     text = DOCKERFILE.read_text()
-    for branch in ("cpu)", "gpu)", "tpu)", "*) echo \"ACCELERATOR must be cpu, gpu or tpu"):
+    for branch in ("cpu)", "gpu)", "tpu)",
+                   "*) echo \"ACCELERATOR must be cpu, gpu, gpu-jax or tpu"):
         assert branch in text, branch
+    # backend: jax on NVIDIA GPUs: the CUDA 13 plugin of the lock's own jax
+    assert 'gpu-jax) uv pip install --constraint /tmp/constraints.txt "jax[cuda13]==' in text
+    locked = tomllib.loads((ROOT / "uv.lock").read_text())["package"]
+    assert arg_default(DOCKERFILE, "JAX_VERSION") == next(
+        p["version"] for p in locked if p["name"] == "jax")
     # OFFLINE: no index at all, only the wheelhouse (every stage that installs).
     assert text.count('if [ "$OFFLINE" = true ]; then export') == 3
 

@@ -55,7 +55,7 @@ class Shared:
         return self.cfg.run_dir()
 
 
-def _shared(tmp_path: Path, image: str, run_id: str) -> Shared:
+def _shared(tmp_path: Path, image: str, run_id: str, **settings) -> Shared:
     """digits staged on the host into the directory the pods mount as the shared claim."""
     from training.data import staging
 
@@ -64,7 +64,7 @@ def _shared(tmp_path: Path, image: str, run_id: str) -> Shared:
     cfg = RunConfig.from_flat({
         "run_id": run_id, "staging_dir": staged.staging_dir,
         "output_dir": os.fspath(root / "runs"), "workers": 2, "strategy": "multi_worker",
-        "epochs": 3, "batch_size": 32, "backup_interval_s": 0,
+        "epochs": 3, "batch_size": 32, "backup_interval_s": 0, **settings,
     })
     (root / "runs").mkdir()
     for path in [root, *root.rglob("*")]:  # the image's user (uid 50000) writes here
@@ -172,3 +172,42 @@ def test_a_killed_pod_fails_the_job_and_the_retried_job_resumes(tmp_path, images
     assert len(digests) == 2 and digests[0] == digests[1], _story(result)
     assert _model_digest(shared.run_dir) == digests[0]
     assert not (shared.run_dir / "backup").exists()
+
+
+@pytest.mark.slow
+def test_two_pods_train_on_jax_and_the_chiefs_model_is_published(tmp_path, images):
+    """The same Job under ``backend: jax``: the pods join through ``jax.distributed``
+    (pod 0's Service name, from the same TF_CONFIG, is the coordinator), train the same
+    weights, and the chief's model, with the SavedModel its TensorFlow child made, is
+    published to a store as any version is."""
+    from training.data import staging
+    from training.registry.versions import open_registry
+    from training.steps import evaluate, publish
+
+    shared = _shared(tmp_path, images.training, "pods-jax", backend="jax")
+    job = job_name(shared.cfg.run_id)
+    with JobPods(images, shared.objects, claims={CLAIM: shared.root},
+                 workdir=tmp_path) as pods:
+        assert all(dict(p.env)["KERAS_BACKEND"] == "jax" for p in pods.pods)
+        result = pods.run()
+    assert result.succeeded, _story(result)
+    for pod in result.pods:
+        assert f"Connecting to JAX distributed service on {job}-0.{job}.default.svc:2222" \
+            in pod.log, _story(result)
+    digests = _digests(result)
+    assert len(digests) == 2 and digests[0] == digests[1], _story(result)
+    assert _model_digest(shared.run_dir) == digests[0]
+    run = json.loads((shared.run_dir / "model" / "run.json").read_text())
+    assert run["strategy"]["backend"] == "jax" and run["strategy"]["processes"] == 2
+    assert "tensorflow" not in run["software"]
+    assert (shared.run_dir / "model" / "saved_model" / "saved_model.pb").is_file()
+
+    cfg = shared.cfg.with_overrides({"store_uri": os.fspath(tmp_path / "store"),
+                                     "min_accuracy": 0.0})
+    staged = staging.stage(DatasetConfig(staging_dir=cfg.dataset.staging_dir))  # cached
+    registry = open_registry(cfg.storage.store_uri)
+    evaluation = evaluate.evaluate(cfg, staged, registry)
+    assert evaluation["backend"] == "jax"
+    published = publish.publish(cfg, registry, created="2026-12-04T00:00:00+00:00")
+    manifest = registry.verify(cfg.model_name, published["version"])
+    assert "saved_model/saved_model.pb" in {f["path"] for f in manifest["files"]}
