@@ -213,3 +213,37 @@ def test_model_parallel_is_refused_under_tensorflow(tmp_path):
     line = one_error_line(proc)
     assert "runtime.model_parallel" in line and "runtime.backend" in line
     assert not (tmp_path / "runs").exists()
+
+
+def test_run_stages_on_tensorflow_trains_on_jax_in_a_child_and_publishes(staged_digits,
+                                                                         tmp_path):
+    """``python -m training run --backend jax``: one command, two processes: staging,
+    validation, evaluation of the champion and publishing on TensorFlow, training (and
+    its SavedModel's TensorFlow child) in a JAX child."""
+    store = tmp_path / "store"
+    proc = cli(tmp_path, "run", "--backend", "jax", "--staging-dir",
+               staged_digits.staging_dir, "--output-dir", os.fspath(tmp_path / "runs"),
+               "--store-uri", os.fspath(store), "--epochs", "3", "--min-accuracy", "0.5")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    published = last_json(proc.stdout, "published")["published"]
+    assert last_json(proc.stdout, "promotion")["promotion"]["promoted"]
+    version = store / "models" / published["model_name"] / "versions" / published["version"]
+    run = json.loads((version / "run.json").read_text())
+    assert run["strategy"]["backend"] == "jax" and "tensorflow" not in run["software"]
+    assert json.loads((version / "evaluation.json").read_text())["backend"] == "jax"
+    assert (version / "saved_model" / "saved_model.pb").is_file()
+
+
+def test_a_tensorflow_process_refuses_to_train_a_jax_config(staged_digits, tmp_path):
+    import keras  # noqa: F401  (this process's Keras: TensorFlow)
+
+    from training.config import RunConfig
+    from training.errors import ConfigError
+    from training.train.fit import train
+
+    cfg = RunConfig.from_flat(_flat(staged_digits, tmp_path / "runs"))
+    with pytest.raises(ConfigError, match="runtime.backend is 'jax', but this process's "
+                                          "Keras was already imported with backend "
+                                          "'tensorflow'"):
+        train(cfg, staged_digits)
+    assert not (tmp_path / "runs").exists()

@@ -34,7 +34,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from training import layout, produced
+from training import backend, layout, produced
 from training.config import FitConfig, RunConfig
 from training.data import staging
 from training.data.catalog import dataset_info
@@ -223,6 +223,7 @@ def train(cfg: RunConfig, staged: StagedDataset, *,
     ``extra_callbacks`` run after the project's own (the launcher's weights report, the
     benchmarks' timers).
     """
+    backend.use(cfg.runtime.backend)  # refused when this process's Keras runs another
     done = already_trained(cfg)  # every worker, before any strategy exists
     if done is not None:
         log.info("run %s is already trained (%d epochs, best epoch %s): nothing to do; "
