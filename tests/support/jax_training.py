@@ -17,8 +17,11 @@ from pathlib import Path
 
 
 def main(spec_path: str, out_dir: str) -> int:
+    import logging
+
     from training import backend
 
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     backend.use("jax")
     import keras
     import numpy as np

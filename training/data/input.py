@@ -106,15 +106,31 @@ def make_dataset(
     shuffle_buffer: int = 10_000,
     cache: str = "auto",
     augment: str = "none",
+    on_device: bool = False,
 ) -> Any:
     """The ``as_supervised`` pipeline of one split, in the stages of the module doc.
 
     Images stay uint8: the model scales them (a Rescaling layer). A ``StagedArrays``
-    (a JAX process's reader) gives a ``SplitBatches`` of the same stages.
+    (a JAX process's reader) gives a ``SplitBatches`` of the same stages or, with
+    ``on_device`` (the training split) when the split fits there, its ``IndexBatches``
+    (``device_split``).
     """
     if not hasattr(builder, "as_dataset"):  # staged_arrays.StagedArrays
-        from training.data.array_input import SplitBatches
+        from training.data.array_input import SplitBatches, processes
 
+        if on_device:
+            from training.data import device_split
+
+            memory, what = device_split.device_memory()
+            there, why = device_split.plan(
+                decoded_bytes(builder, split), cache=cache, augment=augment,
+                processes=processes()[1], memory=memory, what=what)
+            log.info("input %s: %s (%s)", split, "kept on the device" if there else
+                     "fed from the host", why)
+            if there:
+                return device_split.IndexBatches(
+                    device_split.DeviceSplit(*builder.arrays(split)),
+                    global_batch_size=global_batch_size, shuffle=shuffle, seed=seed)
         keep, why = cache_plan(cache, decoded_bytes(builder, split), available_memory())
         log.info("input %s: %s (%s)", split, "cached in memory" if keep else "not cached",
                  why)

@@ -267,7 +267,8 @@ def _train(cfg: RunConfig, staged: StagedDataset, resolved: Any,
     splits = split_names(builder, data.validation_fraction)
     train_ds = make_dataset(builder, splits["train"], global_batch_size=batch, shuffle=True,
                             seed=cfg.fit.seed, shuffle_buffer=data.shuffle_buffer,
-                            cache=data.input_cache, augment=data.augment)
+                            cache=data.input_cache, augment=data.augment,
+                            on_device=resolved.backend == "jax")
     val_ds = make_dataset(builder, splits["validation"], global_batch_size=batch,
                           shuffle=False, seed=cfg.fit.seed, cache=data.input_cache)
 
@@ -285,9 +286,12 @@ def _train(cfg: RunConfig, staged: StagedDataset, resolved: Any,
         )
         weights, tuning = pretrained.prepare(cfg.model, model)
     if resolved.backend == "jax":
+        from training.train import fused_steps
         from training.train.jax_distribution import check_layout
 
         check_layout(cfg, resolved, model)
+        if getattr(train_ds, "device_split", None) is not None:  # the split is there
+            fused_steps.install(model, train_ds.device_split)
     # model.warm_start: production's weights as the start (training.train.warm_start).
     warm = warm_start.start(cfg, model, resolved, final_dir)
     (out / layout.RUN).write_text(json.dumps({
@@ -295,6 +299,8 @@ def _train(cfg: RunConfig, staged: StagedDataset, resolved: Any,
         "started_at": _started_at(out / layout.RUN),
         "dataset": staged.to_dict(),
         "strategy": resolved.to_dict(),
+        "input": {"train": "device" if getattr(train_ds, "device_split", None) is not None
+                  else "host"},
         "software": software_versions(),
         "pretrained_weights": weights,
         "warm_start": warm,
