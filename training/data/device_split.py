@@ -41,7 +41,7 @@ def device_memory() -> tuple[int | None, str]:
     memory (JAX's ``bytes_limit``), or for a CPU device the host's available memory."""
     import jax
 
-    from training.data.input import available_memory
+    from training.data.memory import available_memory
 
     stats = jax.local_devices()[0].memory_stats() or {}
     if stats.get("bytes_limit"):
