@@ -34,6 +34,22 @@ def test_run_directory_holds_every_output(trained_run):
     assert not (run_dir / "backup").exists()  # removed by BackupAndRestore after success
 
 
+def test_the_run_says_how_fast_it_went_and_on_what(trained_run):
+    cfg, result = trained_run
+    out = Path(result.run_dir) / "model"
+    history = json.loads((out / "history.json").read_text())["metrics"]
+    for key in ("images_per_s", "step_ms", "peak_memory_mb"):
+        assert len(history[key]) == cfg.fit.epochs and all(v > 0 for v in history[key]), key
+    run = json.loads((out / "run.json").read_text())
+    speed = run["throughput"]
+    assert speed["images_per_s"] == sorted(history["images_per_s"])[cfg.fit.epochs // 2]
+    assert speed["peak_memory_mb"] == max(history["peak_memory_mb"])
+    assert speed["memory_measured"] == "process RSS"  # a CPU run
+    assert speed["accelerator"]["platform"] == "cpu" and speed["accelerator"]["count"] == 1
+    assert run["precision"] == {"policy": "float32",
+                                "why": "auto: cpu has no bf16 matrix units"}
+
+
 def test_tensorboard_has_every_epoch_of_loss_accuracy_and_learning_rate(trained_run):
     import tensorflow as tf
 

@@ -138,7 +138,11 @@ def test_the_cli_trains_on_jax_and_publishes_a_saved_model_that_predicts_the_sam
 
     work, trained, proc = cli_run
     model_dir = Path(trained["model_path"]).parent
-    assert json.loads((model_dir / "run.json").read_text())["strategy"]["backend"] == "jax"
+    record = json.loads((model_dir / "run.json").read_text())
+    assert record["strategy"]["backend"] == "jax"
+    assert record["input"] == {"train": "device"}  # digits fits: the fused loop trained it
+    assert record["throughput"]["images_per_s"] > 0
+    assert record["throughput"]["accelerator"]["platform"] == "cpu"
     assert (model_dir / "evaluation.json").is_file()
     # The JAX model's predictions on the test split, made in a JAX process of its own.
     predictions = work / "jax-predictions.npy"

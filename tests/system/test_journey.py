@@ -165,6 +165,7 @@ def test_trigger_form_runs_and_links_to_the_models_page(dev_airflow: Any, browse
     expect(row.locator("a.airflow-run")).to_have_text(first["dag_run_id"])
     expect(row.locator("td.backend")).to_have_text("tensorflow")
     expect(rows.first.locator("td.backend")).to_have_text("jax")  # the second run's
+    expect(row.locator("td.images-per-s")).to_have_text(re.compile(r"^[\d,]+$"))
     shot(page, "06-models-page")
 
     # 4. The report of that version, and back to the page.

@@ -136,12 +136,30 @@ def test_resolve_auto_does_not_probe_for_a_tpu_on_a_plain_host():
     assert st.resolve(RunConfig(), tpu_resolver=must_not_be_called).kind == "one_device"
 
 
-@pytest.mark.parametrize(("requested", "on_tpu", "expected"), [
-    ("auto", True, "mixed_bfloat16"), ("auto", False, "float32"),
-    ("mixed_float16", False, "mixed_float16"), ("float32", True, "float32"),
+H200 = {"platform": "gpu", "name": "NVIDIA H200", "count": 1, "compute_capability": "9.0"}
+T4 = {"platform": "gpu", "name": "Tesla T4", "count": 1, "compute_capability": "7.5"}
+CPU = {"platform": "cpu", "name": "x86_64", "count": 1, "compute_capability": None}
+TPU = {"platform": "tpu", "name": "TPU v5", "count": 4, "compute_capability": None}
+
+
+@pytest.mark.parametrize(("requested", "accelerator", "expected", "why"), [
+    ("auto", TPU, "mixed_bfloat16", "a TPU"),
+    ("auto", H200, "mixed_bfloat16", "GPU NVIDIA H200 has bf16 matrix units (compute "
+                                     "capability 9.0 >= 8.0)"),
+    ("auto", {**H200, "compute_capability": "8.0"}, "mixed_bfloat16", "8.0 >= 8.0"),
+    ("auto", T4, "float32", "GPU Tesla T4 has no bf16 matrix units (compute capability "
+                            "7.5 < 8.0)"),
+    ("auto", {**T4, "compute_capability": None}, "float32", "unknown < 8.0"),
+    ("auto", CPU, "float32", "cpu has no bf16 matrix units"),
+    ("auto", {}, "float32", "no bf16"),
+    ("mixed_float16", CPU, "mixed_float16", "is 'mixed_float16'"),
+    ("float32", H200, "float32", "is 'float32'"),
 ])
-def test_precision_policy(requested, on_tpu, expected):
-    assert st.precision_policy(requested, on_tpu) == expected
+def test_precision_policy(requested, accelerator, expected, why):
+    from training.train.placement import precision_policy
+
+    policy, reason = precision_policy(requested, accelerator)
+    assert policy == expected and why in reason, reason
 
 
 def test_tpu_path_connects_through_the_resolver_and_reports_a_missing_tpu(tmp_path):

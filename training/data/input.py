@@ -93,6 +93,16 @@ def split_names(builder: Any, validation_fraction: float) -> dict[str, str]:
             "test": "test"}
 
 
+def split_size(builder: Any, split: str) -> int | None:
+    """The examples of ``split`` (a slice expression included), when the reader says."""
+    if hasattr(builder, "num_examples"):  # staged_arrays.StagedArrays
+        return builder.num_examples(split)
+    try:
+        return int(builder.info.splits[split].num_examples)
+    except (KeyError, ValueError, TypeError, AttributeError):
+        return None
+
+
 CACHE_SHARE = 4  # auto caches a split whose decoded size fits in 1/CACHE_SHARE of memory
 LABEL_BYTES = 8  # an int64 class label beside each image
 

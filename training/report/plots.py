@@ -29,7 +29,8 @@ def _figure(width: float, height: float) -> Any:
 
 
 def plot_learning_curves(history: Mapping[str, Any], path: str | Path) -> dict[str, Any]:
-    """Draw loss, accuracy and learning rate per epoch into the PNG ``path``.
+    """Draw loss, accuracy, learning rate and training images/s per epoch into the PNG
+    ``path``.
 
     Returns where the marks were drawn (1-based epochs, as in ``history.json``):
     ``{"lr_drops": [...], "best_epoch": n | None, "restored_best_weights": bool,
@@ -49,13 +50,18 @@ def plot_learning_curves(history: Mapping[str, Any], path: str | Path) -> dict[s
               if name in metrics or f"val_{name}" in metrics]
     if "learning_rate" in metrics:
         panels.append(("learning_rate", "learning rate"))
+    if "images_per_s" in metrics:  # callbacks.throughput: the training part of each epoch
+        panels.append(("images_per_s", "training images/s"))
     fig = _figure(4.2 * max(len(panels), 1), 3.6)
     axes = fig.subplots(1, max(len(panels), 1), squeeze=False)[0]
     if not panels:
         axes[0].text(0.5, 0.5, "no per-epoch metrics recorded", ha="center", va="center")
         axes[0].set_axis_off()
     for ax, (name, title) in zip(axes, panels, strict=False):
-        if name == "learning_rate":
+        if name == "images_per_s":
+            ax.plot(epochs[:len(metrics[name])], metrics[name], color="tab:cyan", marker=".",
+                    label="training images/s")
+        elif name == "learning_rate":
             ax.plot(epochs, metrics[name], color="tab:purple", marker=".", label="learning rate")
             rates = [v for v in metrics[name] if v > 0]
             if len(rates) == len(metrics[name]) and rates and max(rates) > 4 * min(rates):

@@ -207,6 +207,21 @@ def _config_rows(config: Mapping[str, Any]) -> list[tuple[str, str, Any]]:
     return rows
 
 
+def _speed(throughput: Any) -> dict[str, Any] | None:
+    """How fast the run trained and on what, as the report's name/value rows."""
+    if not isinstance(throughput, dict):
+        return None  # a version trained before runs measured it
+    accelerator = throughput.get("accelerator") or {}
+    rows = {"training images per second (median epoch)": throughput.get("images_per_s"),
+            "step time, ms (median epoch)": throughput.get("step_ms"),
+            "peak memory, MiB": throughput.get("peak_memory_mb"),
+            "memory measured": throughput.get("memory_measured"),
+            "accelerator": " x ".join(str(v) for v in (accelerator.get("count"),
+                                                        accelerator.get("name")) if v)}
+    return {k: (f"{v:,.1f}" if isinstance(v, float) else v) for k, v in rows.items()
+            if v not in (None, "")}
+
+
 def _starting_weights(run: Mapping[str, Any]) -> str | None:
     """Where training started when ``model.warm_start`` was on (run.json's
     ``warm_start``): "warm-started from <version>", or why it could not; None when off."""
@@ -246,6 +261,7 @@ def render_report(*, history: Mapping[str, Any] | None, evaluation: Mapping[str,
                   else None),
         test_metrics=_test_metrics(challenger) if challenger else None,
         run=({"dataset": dict(run.get("dataset") or {}), "strategy": run.get("strategy") or {},
+              "speed": _speed(run.get("throughput")),
               "software": run.get("software") or {}} if run is not None else None),
         config_rows=_config_rows(config) if config is not None else None,
     )

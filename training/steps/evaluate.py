@@ -60,14 +60,16 @@ def unplaced() -> None:
         keras.distribution.set_distribution(None)
 
 
-def _trained_with(out: Path) -> str:
-    """The Keras backend that trained the run's model (``run.json``; runs from before
-    there was a choice trained on TensorFlow)."""
+def _trained(out: Path) -> dict[str, Any]:
+    """What trained the run's model and how fast (``run.json``), for the Models page:
+    the Keras backend (runs from before there was a choice trained on TensorFlow) and
+    the median epoch's training images per second (None before runs measured it)."""
     try:
-        strategy = json.loads((out / layout.RUN).read_text()).get("strategy") or {}
+        record = json.loads((out / layout.RUN).read_text())
     except (OSError, ValueError):
-        strategy = {}
-    return strategy.get("backend") or "tensorflow"
+        record = {}
+    return {"backend": (record.get("strategy") or {}).get("backend") or "tensorflow",
+            "images_per_s": (record.get("throughput") or {}).get("images_per_s")}
 
 
 def _load(path: str | Path) -> Any:
@@ -151,7 +153,7 @@ def _evaluate(cfg: RunConfig, staged: StagedDataset, registry: ModelRegistry,
         "model_name": name,
         "version": cfg.run_id,
         "dataset": staged.key,
-        "backend": _trained_with(out),
+        **_trained(out),
         "model_check": model_check,
         "challenger": challenger,
         "champion": champion,

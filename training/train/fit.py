@@ -38,7 +38,7 @@ from training import backend, layout, produced
 from training.config import FitConfig, RunConfig
 from training.data import staging
 from training.data.catalog import dataset_info
-from training.data.input import load_builder, make_dataset, split_names
+from training.data.input import load_builder, make_dataset, split_names, split_size
 from training.data.staging import StagedDataset
 from training.errors import ConfigError
 from training.layout import TRAINED, model_dir
@@ -46,7 +46,8 @@ from training.locks import claim_run
 from training.train import keras_patches, models, warm_start
 from training.train.export import export, export_in_tensorflow
 from training.train.models import pretrained
-from training.train.strategy import precision_policy, resolve, steps_per_execution
+from training.train.placement import precision_policy
+from training.train.strategy import resolve, steps_per_execution
 
 log = logging.getLogger(__name__)
 
@@ -250,9 +251,12 @@ def _train(cfg: RunConfig, staged: StagedDataset, resolved: Any,
 
     if resolved.backend == "tensorflow":
         keras_patches.install_for(resolved.strategy)  # more than one replica; else none
-    # ``auto`` depends on the strategy found (bfloat16 on TPU); set before the model.
-    keras.mixed_precision.set_global_policy(
-        precision_policy(cfg.runtime.mixed_precision, resolved.on_tpu))
+    # ``auto`` depends on the accelerator found (placement.precision_policy); before the
+    # model is built.
+    policy, why = precision_policy(cfg.runtime.mixed_precision,
+                                   resolved.details.get("accelerator") or {})
+    keras.mixed_precision.set_global_policy(policy)
+    log.info("precision %s (%s)", policy, why)
     staging.verify(staged)  # before any training: a corrupted shard stops here
 
     final_dir = cfg.run_dir()
@@ -301,6 +305,7 @@ def _train(cfg: RunConfig, staged: StagedDataset, resolved: Any,
         "strategy": resolved.to_dict(),
         "input": {"train": "device" if getattr(train_ds, "device_split", None) is not None
                   else "host"},
+        "precision": {"policy": policy, "why": why},
         "software": software_versions(),
         "pretrained_weights": weights,
         "warm_start": warm,
@@ -309,7 +314,11 @@ def _train(cfg: RunConfig, staged: StagedDataset, resolved: Any,
     # collective there); under TensorFlow the chief's is broadcast (keras_patches).
     chiefs = final_dir / layout.BACKUP_DIR
     restore_from = chiefs if resolved.backend == "jax" and not resolved.is_chief else None
-    callbacks = [*make_callbacks(cfg.fit, run_dir, tuning, restore_from), *extra_callbacks]
+    from training.train.callbacks.throughput import Throughput, summary
+
+    throughput = Throughput(split_size(builder, splits["train"]), batch)  # first: its logs
+    callbacks = [throughput, *make_callbacks(cfg.fit, run_dir, tuning, restore_from),
+                 *extra_callbacks]
     backup = next(c for c in callbacks if isinstance(c, ResumableBackup))
     log.info("training %s on %s for up to %d epochs", cfg.model.name, staged.key,
              cfg.fit.epochs)
@@ -322,8 +331,12 @@ def _train(cfg: RunConfig, staged: StagedDataset, resolved: Any,
 
     # The whole run's history, epochs before a restart included (History only has
     # this process's).
-    summary = _history_summary(backup.epochs, backup.metrics, backup.early_stopping)
-    (out / layout.HISTORY).write_text(json.dumps(summary, indent=2) + "\n")
+    history = _history_summary(backup.epochs, backup.metrics, backup.early_stopping)
+    (out / layout.HISTORY).write_text(json.dumps(history, indent=2) + "\n")
+    record = json.loads((out / layout.RUN).read_text())
+    record["throughput"] = summary(history["metrics"], throughput.memory_source,
+                                   resolved.details.get("accelerator"))
+    (out / layout.RUN).write_text(json.dumps(record, indent=2) + "\n")
     model.save(out / layout.MODEL_FILE)
     saved_model_path = out / layout.SAVED_MODEL_DIR
     if saved_model_path.exists():
@@ -332,12 +345,12 @@ def _train(cfg: RunConfig, staged: StagedDataset, resolved: Any,
         export(model, saved_model_path)  # serving signature: training.train.export
     elif resolved.is_chief:  # made where TensorFlow is: a child process of its own
         export_in_tensorflow(out / layout.MODEL_FILE, saved_model_path, cfg.model.name)
-    es = summary["early_stopping"]
+    es = history["early_stopping"]
     result = TrainResult(
         run_dir=os.fspath(final_dir),
         model_path=os.fspath(model_dir(final_dir) / layout.MODEL_FILE),
         saved_model_path=os.fspath(model_dir(final_dir) / layout.SAVED_MODEL_DIR),
-        epochs_run=len(summary["epochs"]),
+        epochs_run=len(history["epochs"]),
         best_epoch=es["best_epoch"],
         stopped_epoch=es["stopped_epoch"],
     )

@@ -65,6 +65,16 @@ def _keras_name(name: str) -> str:
     return f"{kind.lower()}:{index}"
 
 
+def accelerator(count: int) -> dict[str, Any]:
+    """What trains: JAX's platform, its first device's kind, how many devices, a GPU's
+    compute capability (``placement.precision_policy`` reads it)."""
+    import jax
+
+    device = jax.devices()[0]
+    return {"platform": device.platform, "name": device.device_kind, "count": count,
+            "compute_capability": getattr(device, "compute_capability", None)}
+
+
 def mesh_shape(devices: int, model_parallel: int) -> tuple[int, int]:
     """(data, model) for ``devices`` split ``model_parallel`` ways; ConfigError when they
     do not divide."""
@@ -118,7 +128,8 @@ def resolve(cfg: RunConfig) -> Resolved:
         backend="jax",
         details={"mesh": {DATA_AXIS: data, MODEL_AXIS: model},
                  "processes": max(processes, 1),
-                 "platform": jax.default_backend()},
+                 "platform": jax.default_backend(),
+                 "accelerator": accelerator(len(devices))},
     )
     log.info(
         "distribution %s (jax, %s) on %s: mesh data=%d x model=%d, global batch %d (%d "

@@ -116,3 +116,30 @@ def not_a_worker(workers: int, tf_config: str | None) -> ConfigError:
         f"cluster (TF_CONFIG is {'unset' if not tf_config else 'a single worker'}): it "
         "would train alone; start the workers with `python -m training train` (which "
         "launches them here) or in the Kubernetes Job's pods, which set TF_CONFIG")
+
+
+BF16_COMPUTE_CAPABILITY = (8, 0)  # NVIDIA's bf16 matrix units: Ampere (8.0) and later
+
+
+def precision_policy(requested: str, accelerator: dict[str, Any]) -> tuple[str, str]:
+    """The Keras dtype policy and why (logged): as asked, or for ``auto``
+    ``mixed_bfloat16`` on a TPU or on a GPU with bf16 matrix units (compute capability
+    8.0 or more), ``float32`` elsewhere (the CPU, an older GPU)."""
+    if requested != "auto":
+        return requested, f"runtime.mixed_precision is {requested!r}"
+    where = accelerator.get("platform")
+    name = accelerator.get("name") or where
+    if where == "tpu":
+        return "mixed_bfloat16", "auto: a TPU computes in bfloat16"
+    if where == "gpu":
+        capability = accelerator.get("compute_capability")
+        try:
+            found = tuple(int(p) for p in str(capability).split(".")[:2])
+        except ValueError:
+            found = None
+        if found and found >= BF16_COMPUTE_CAPABILITY:
+            return "mixed_bfloat16", (f"auto: GPU {name} has bf16 matrix units (compute "
+                                      f"capability {capability} >= 8.0)")
+        return "float32", (f"auto: GPU {name} has no bf16 matrix units (compute capability "
+                           f"{capability or 'unknown'} < 8.0)")
+    return "float32", f"auto: {where or 'this device'} has no bf16 matrix units"

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import os
+import platform
 from collections.abc import Callable
 from typing import Any
 
@@ -137,6 +138,7 @@ def resolve(
         global_batch_size=cfg.fit.batch_size * replicas,
         learning_rate=scaled_learning_rate(cfg.fit.learning_rate, cfg.fit.lr_scaling, replicas),
         is_chief=cluster.is_chief(tf_config),
+        details={"accelerator": _accelerator(kind, replicas, devices)},
     )
     log.info(
         "strategy %s on %s: %d replicas, global batch %d (%d per replica), "
@@ -172,6 +174,24 @@ def communication_options(runtime: RuntimeConfig, *, gpus: int) -> Any:
     )
 
 
+def _accelerator(kind: str, replicas: int, devices: list[str]) -> dict[str, Any]:
+    """What trains: the platform, the device's name, how many, a GPU's compute
+    capability (``placement.precision_policy`` reads it)."""
+    import tensorflow as tf
+
+    if kind == "tpu":
+        return {"platform": "tpu", "name": "TPU", "count": replicas, "compute_capability": None}
+    gpus = tf.config.list_physical_devices("GPU")
+    if gpus and (kind == "multi_worker" or any("gpu" in d.lower() for d in devices)):
+        details = tf.config.experimental.get_device_details(gpus[0])
+        capability = details.get("compute_capability")
+        return {"platform": "gpu", "name": details.get("device_name", "GPU"),
+                "count": replicas if kind != "multi_worker" else len(gpus),
+                "compute_capability": ".".join(map(str, capability)) if capability else None}
+    return {"platform": "cpu", "name": platform.processor() or platform.machine() or "cpu",
+            "count": 1, "compute_capability": None}
+
+
 def _one_device(runtime: RuntimeConfig, device: str) -> Any:
     """One replica: pinned to a device that was asked for, else TF's default strategy.
 
@@ -193,13 +213,6 @@ def steps_per_execution(requested: int, kind: str) -> int:
     if requested:
         return requested
     return 1 if kind == "tpu" else 10
-
-
-def precision_policy(requested: str, on_tpu: bool) -> str:
-    """The Keras dtype policy: as asked, or for ``auto`` bfloat16 on TPU, else float32."""
-    if requested != "auto":
-        return requested
-    return "mixed_bfloat16" if on_tpu else "float32"
 
 
 def _tpu_strategy(resolver: Any, name: str) -> Any:

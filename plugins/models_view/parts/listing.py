@@ -3,8 +3,9 @@ most recently published first, the promotion history, and the accuracy plot.
 
 Each version comes with its manifest's metrics, whether it has a report, and, from its
 published ``evaluation.json`` (read once per version and cached, see ``stores``): the
-dataset it was trained on, the Keras backend that trained it, and its holdout accuracy
-where the evaluation has a holdout.
+dataset it was trained on, the Keras backend that trained it and how fast (training
+images per second, the median epoch), and its holdout accuracy where the evaluation has
+a holdout.
 Each version not in production gets the action the page offers for it: ``promote`` for
 one published after production (or any, before the first promotion), ``rollback`` for
 one published before it.
@@ -31,7 +32,8 @@ def _evaluation_facts(evaluation: Any) -> dict[str, Any]:
     """The dataset key, the Keras backend that trained the model and the holdout
     accuracy of a published ``evaluation.json``."""
     if not isinstance(evaluation, dict):
-        return {"dataset": None, "backend": None, "holdout_accuracy": None}
+        return {"dataset": None, "backend": None, "images_per_s": None,
+                "holdout_accuracy": None}
     holdout = evaluation.get("holdout")
     challenger = holdout.get("challenger") if isinstance(holdout, dict) else None
     accuracy = challenger.get("accuracy") if isinstance(challenger, dict) else None
@@ -39,6 +41,7 @@ def _evaluation_facts(evaluation: Any) -> dict[str, Any]:
     backend = evaluation.get("backend", "tensorflow")  # before the choice: TensorFlow
     return {"dataset": dataset if isinstance(dataset, str) and dataset else None,
             "backend": backend if isinstance(backend, str) and backend else None,
+            "images_per_s": _number(evaluation.get("images_per_s")),
             "holdout_accuracy": _number(accuracy)}
 
 
