@@ -25,6 +25,8 @@ from typing import Any
 
 import keras
 
+MEASURED = ("images_per_s", "step_ms", "peak_memory_mb")  # what each epoch's logs get
+
 
 def peak_memory() -> tuple[float, str]:
     """(MiB, what was measured): the accelerator's peak, or the process's peak RSS."""

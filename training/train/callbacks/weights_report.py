@@ -4,8 +4,9 @@ Under MultiWorkerMirroredStrategy every worker applies the same all-reduced upda
 every worker must end with the same weights. Each worker of a local multi-worker run
 (``training.launch.worker``) trains with this callback; at the end of training it holds
 ``digest`` (``weights_digest`` of the model) and ``epochs`` (this process's per-epoch
-logs), and writes both to ``path`` when one is given. The launcher compares the digests
-of all workers.
+logs: the model's metrics, which every worker shares; its own speed and memory, which
+differ by worker, are left out: ``throughput.MEASURED``), and writes both to ``path``
+when one is given. The launcher compares the digests of all workers.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import keras
 import numpy as np
 
 from training.errors import ConfigError, shown
+from training.train.callbacks.throughput import MEASURED
 
 
 def weights_digest(model: Any) -> str:
@@ -53,7 +55,8 @@ class WeightsReport(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self.epochs.append({"epoch": epoch + 1,
-                            **{k: float(v) for k, v in (logs or {}).items()}})
+                            **{k: float(v) for k, v in (logs or {}).items()
+                               if k not in MEASURED}})
 
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
         self.digest = weights_digest(self.model)
