@@ -196,6 +196,7 @@ def test_the_jax_run_writes_tensorboard_scalars_for_every_epoch(cli_run):
     (["--model-parallel", "3"], ("runtime.model_parallel", "1 device")),
     (["--devices", "/cpu:7"], ("runtime.devices", "/cpu:7")),
     (["--num-gpus", "1"], ("runtime.num_gpus", "0 are visible")),
+    (["--workers", "2", "--devices", "/cpu:0"], ("runtime.devices", "runtime.workers")),
 ])
 def test_a_setting_that_cannot_take_effect_under_jax_is_refused(staged_digits, tmp_path,
                                                                 flags, named):

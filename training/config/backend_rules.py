@@ -45,6 +45,12 @@ def check_backend(runtime: Any) -> None:
             "runtime.backend is 'jax': use 'auto' (one device, data parallel over "
             "runtime.devices, model parallel, several workers, a TPU host's devices), "
             "'one_device' or 'multi_worker'")
+    if runtime.workers > 1 and (runtime.devices or runtime.num_gpus):
+        asked = "runtime.devices" if runtime.devices else "runtime.num_gpus"
+        raise ConfigError(
+            f"{asked} selects devices, but runtime.workers is {runtime.workers} under "
+            "runtime.backend 'jax': every device of every worker joins the mesh; leave "
+            f"{asked} empty, or train on one worker")
     if runtime.model_parallel > 1 and runtime.strategy == "one_device":
         raise ConfigError(
             f"runtime.model_parallel is {runtime.model_parallel}, but runtime.strategy is "

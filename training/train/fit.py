@@ -14,9 +14,10 @@ saved. Only the chief writes these files; other workers of a multi-worker run wr
 temporary directory that is removed. The chief records what it wrote in ``model/``
 (``training.produced``): publish uploads that and nothing else.
 
-Just over 300 lines on purpose: the callbacks, the strategy-scoped fit and the run
-directory it writes are one step; apart, the order of its files (the record, the
-marker last) would be split over modules.
+Under 400 lines on purpose: the callbacks, the strategy-scoped fit (on either Keras
+backend: ``strategy.resolve`` decides, ``training.backend`` holds the process to one) and
+the run directory it writes are one step; apart, the order of its files (the record,
+the marker last) would be split over modules.
 """
 
 from __future__ import annotations
