@@ -68,14 +68,13 @@ def use(name: str) -> None:
     current = imported()
     if current is None:
         os.environ[ENV] = name
-        if name == "jax" and not any(isinstance(f, NoTensorFlow) for f in sys.meta_path):
-            sys.meta_path.insert(0, NoTensorFlow())
-        return
-    if current != name:
+    elif current != name:
         raise ConfigError(
             f"runtime.backend is {name!r}, but this process's Keras was already imported "
             f"with backend {current!r} (KERAS_BACKEND={os.environ.get(ENV, '')!r}): a "
             "process has one backend; start a new process with KERAS_BACKEND set")
+    if name == "jax" and not any(isinstance(f, NoTensorFlow) for f in sys.meta_path):
+        sys.meta_path.insert(0, NoTensorFlow())
 
 
 def env(name: str) -> dict[str, str]:
