@@ -260,7 +260,9 @@ def render_report(*, history: Mapping[str, Any] | None, evaluation: Mapping[str,
         training=(_training(history, marks) if history is not None and marks is not None
                   else None),
         test_metrics=_test_metrics(challenger) if challenger else None,
-        run=({"dataset": dict(run.get("dataset") or {}), "strategy": run.get("strategy") or {},
+        run=({"dataset": dict(run.get("dataset") or {}),
+              "strategy": {k: v for k, v in (run.get("strategy") or {}).items()
+                           if k != "accelerator"},  # the Speed table says it in words
               "speed": _speed(run.get("throughput")),
               "software": run.get("software") or {}} if run is not None else None),
         config_rows=_config_rows(config) if config is not None else None,
