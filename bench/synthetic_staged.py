@@ -22,9 +22,9 @@ from pathlib import Path
 import numpy as np
 
 from training.data import manifest
+from training.data.records import field, frame, varint
 from training.data.staging import StagedDataset
 from training.layout import STAGING_MANIFEST
-from training.train.callbacks.epoch_scalars import frame
 
 VERSION = "1.0.0"
 
@@ -47,26 +47,17 @@ def images(count: int, shape: tuple[int, int, int], classes: int,
     return out, labels.astype(np.int64)
 
 
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        bits, value = value & 0x7F, value >> 7
-        out.append(bits | (0x80 if value else 0))
-        if not value:
-            return bytes(out)
-
-
-def _delimited(number: int, payload: bytes) -> bytes:
-    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+def _bytes(number: int, payload: bytes) -> bytes:
+    return field(number, 2, payload)
 
 
 def example(png: bytes, label: int) -> bytes:
     """A ``tf.train.Example`` of ``{"image": bytes_list, "label": int64_list}``."""
-    image = _delimited(1, _delimited(1, png))  # Feature.bytes_list.value
-    number = _delimited(3, _delimited(1, _varint(label)))  # Feature.int64_list (packed)
-    entries = (_delimited(1, _delimited(1, b"image") + _delimited(2, image))
-               + _delimited(1, _delimited(1, b"label") + _delimited(2, number)))
-    return _delimited(1, entries)  # Example.features
+    image = _bytes(1, _bytes(1, png))  # Feature.bytes_list.value
+    number = _bytes(3, _bytes(1, varint(label)))  # Feature.int64_list (packed)
+    entries = (_bytes(1, _bytes(1, b"image") + _bytes(2, image))
+               + _bytes(1, _bytes(1, b"label") + _bytes(2, number)))
+    return _bytes(1, entries)  # Example.features
 
 
 def _png(image: np.ndarray) -> bytes:

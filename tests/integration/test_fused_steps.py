@@ -20,13 +20,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from support.jax_training import train_in_jax
 from support.output import tail
 
 from training.data.device_split import plan
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def _flat(staged, out: Path, run_id: str, **settings) -> dict:
@@ -48,16 +48,8 @@ def groups(staged_digits, tmp_path_factory):
         "host": _flat(staged_digits, out / "runs", "host", batch_size=64,
                       devices=["/cpu:0"], input_cache="none"),
     }
-    spec = out / "spec.json"
-    spec.write_text(json.dumps({"staged": staged_digits.to_dict(), "runs": runs}))
-    proc = subprocess.run(
-        [sys.executable, "-m", "support.jax_training", os.fspath(spec), os.fspath(out)],
-        cwd=ROOT / "tests", capture_output=True, text=True, timeout=600,
-        env={**os.environ, "JAX_NUM_CPU_DEVICES": "2", "KERAS_BACKEND": "jax",
-             "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}"})
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    weights = {name: list(np.load(out / f"{name}.npz").values()) for name in runs}
-    return out, proc.stderr, weights
+    trained = train_in_jax(staged_digits, runs, out, devices=2)
+    return out, trained.log, trained.weights
 
 
 def test_the_training_split_lives_on_the_device_when_it_fits_and_the_log_says_why(groups):

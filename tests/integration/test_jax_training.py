@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from support.cli import cli, last_json, one_error_line
+from support.jax_training import train_in_jax
 
 pytestmark = pytest.mark.slow
 
@@ -47,17 +48,8 @@ def meshes(staged_digits, tmp_path_factory):
         "mp": _flat(staged_digits, out / "runs", batch_size=32, model_parallel=2,
                     run_id="mp"),
     }
-    spec = out / "spec.json"
-    spec.write_text(json.dumps({"staged": staged_digits.to_dict(), "runs": runs}))
-    proc = subprocess.run(
-        [sys.executable, "-m", "support.jax_training", os.fspath(spec), os.fspath(out)],
-        cwd=ROOT / "tests", capture_output=True, text=True, timeout=600,
-        env={**os.environ, "JAX_NUM_CPU_DEVICES": "4", "KERAS_BACKEND": "jax",
-             "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}"})
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    report = json.loads((out / "report.json").read_text())
-    weights = {name: list(np.load(out / f"{name}.npz").values()) for name in runs}
-    return out, report, weights
+    trained = train_in_jax(staged_digits, runs, out, devices=4)
+    return out, trained.report, trained.weights
 
 
 def _run_json(out: Path, run_id: str) -> dict:

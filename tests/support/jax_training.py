@@ -1,4 +1,5 @@
-"""A JAX training process for the tests: ``python -m support.jax_training SPEC OUT``.
+"""A JAX training process for the tests: ``python -m support.jax_training SPEC OUT``,
+started by ``train_in_jax``.
 
 The tests' own process runs Keras on TensorFlow, and a process has one backend
 (``training.backend``), so the JAX runs of ``tests/integration/test_jax_training.py``
@@ -12,8 +13,41 @@ process, the TensorFlow modules it imported (none, the tests assert).
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class Trained:
+    """What a child process's runs left: its report, each run's final weights, its log."""
+
+    report: dict[str, Any]
+    weights: dict[str, list[Any]]
+    log: str
+
+
+def train_in_jax(staged: Any, runs: dict[str, dict], out: Path, devices: int) -> Trained:
+    """Train ``runs`` (flat configs by name) on ``staged`` in one JAX child process with
+    ``devices`` CPU devices (``JAX_NUM_CPU_DEVICES``), writing under ``out``."""
+    import numpy as np
+
+    spec = out / "spec.json"
+    spec.write_text(json.dumps({"staged": staged.to_dict(), "runs": runs}))
+    proc = subprocess.run(
+        [sys.executable, "-m", "support.jax_training", os.fspath(spec), os.fspath(out)],
+        cwd=ROOT / "tests", capture_output=True, text=True, timeout=600,
+        env={**os.environ, "JAX_NUM_CPU_DEVICES": str(devices), "KERAS_BACKEND": "jax",
+             "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}"})
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return Trained(json.loads((out / "report.json").read_text()),
+                   {name: list(np.load(out / f"{name}.npz").values()) for name in runs},
+                   proc.stderr)
 
 
 def main(spec_path: str, out_dir: str) -> int:

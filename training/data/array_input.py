@@ -51,6 +51,23 @@ def data_devices() -> int:
     return int(mesh.shape[mesh.axis_names.index(distribution.batch_dim_name)])
 
 
+def batch_count(examples: int, global_batch_size: int, devices: int) -> int:
+    """Batches in an epoch of ``examples``: a last batch smaller than the devices (which
+    cannot take an equal part each) is left out."""
+    batches = -(-examples // global_batch_size)
+    last = examples - (batches - 1) * global_batch_size
+    return batches - (1 if last < devices else 0)
+
+
+def batch_bounds(index: int, examples: int, global_batch_size: int,
+                 devices: int) -> tuple[int, int]:
+    """Where batch ``index`` starts and ends in the epoch's order, cut to a multiple of
+    the devices (equal parts per device)."""
+    start = index * global_batch_size
+    end = min(start + global_batch_size, examples)
+    return start, end - (end - start) % devices
+
+
 def processes() -> tuple[int, int]:
     """(this process's index, the number of processes) of a JAX run."""
     import jax
@@ -86,9 +103,7 @@ class SplitBatches(keras.utils.PyDataset):
         self._order: np.ndarray | None = None
 
     def __len__(self) -> int:
-        batches = -(-len(self.labels) // self.global_batch_size)
-        last = len(self.labels) - (batches - 1) * self.global_batch_size
-        return batches - (1 if last < self.devices else 0)
+        return batch_count(len(self.labels), self.global_batch_size, self.devices)
 
     def order(self) -> np.ndarray:
         """This epoch's order of the split's examples."""
@@ -103,9 +118,9 @@ class SplitBatches(keras.utils.PyDataset):
         self._order = None
 
     def __getitem__(self, index: int) -> tuple[np.ndarray, np.ndarray]:
-        rows = self.order()[index * self.global_batch_size:
-                            (index + 1) * self.global_batch_size]
-        rows = rows[:len(rows) - len(rows) % self.devices]  # equal parts per device
+        start, end = batch_bounds(index, len(self.labels), self.global_batch_size,
+                                  self.devices)
+        rows = self.order()[start:end]
         share = len(rows) // self.processes
         rows = rows[self.process * share:(self.process + 1) * share]
         if self.images is not None:

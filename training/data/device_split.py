@@ -29,7 +29,7 @@ from typing import Any
 import keras
 import numpy as np
 
-from training.data.array_input import data_devices
+from training.data.array_input import batch_bounds, batch_count, data_devices
 
 log = logging.getLogger(__name__)
 
@@ -96,9 +96,7 @@ class IndexBatches(keras.utils.PyDataset):
         self._order: Any = None
 
     def __len__(self) -> int:
-        batches = -(-self.device_split.count // self.global_batch_size)
-        last = self.device_split.count - (batches - 1) * self.global_batch_size
-        return batches - (1 if last < self.devices else 0)
+        return batch_count(self.device_split.count, self.global_batch_size, self.devices)
 
     def order(self) -> Any:
         """This epoch's order of the split's examples, drawn on the device."""
@@ -117,7 +115,6 @@ class IndexBatches(keras.utils.PyDataset):
         self._order = None
 
     def __getitem__(self, index: int) -> tuple[Any]:
-        start = index * self.global_batch_size
-        end = min(start + self.global_batch_size, self.device_split.count)
-        end -= (end - start) % self.devices  # equal parts per device
+        start, end = batch_bounds(index, self.device_split.count, self.global_batch_size,
+                                  self.devices)
         return (self.order()[start:end],)

@@ -1,15 +1,20 @@
-"""TFRecord files and ``tf.train.Example`` records read in pure Python.
+"""TFRecord files and protocol buffer records, read and written in pure Python.
 
 A JAX training process must not import TensorFlow (``staged_arrays.py`` says why), yet
-every staged dataset is TFRecord shards of ``tf.train.Example`` records. This module
-reads both by hand, with the standard library only (no TensorFlow, no protobuf):
+every staged dataset is TFRecord shards of ``tf.train.Example`` records, and its
+TensorBoard log is TFRecord files of ``Event`` records (``callbacks/epoch_scalars.py``).
+This module reads and writes both by hand, with the standard library only (no
+TensorFlow, no protobuf):
 
-* **framing** (``iter_records``): each record is a uint64 little-endian length, a
-  uint32 masked CRC-32C of the length, the data, and a uint32 masked CRC-32C of the
-  data. The CRCs are **not** checked: the standard library has no CRC-32C, and the
-  SHA-256 of every shard is checked against the staging manifest by
+* **framing** (``iter_records``, ``frame``): each record is a uint64 little-endian
+  length, a uint32 masked CRC-32C of the length, the data, and a uint32 masked CRC-32C
+  of the data. ``frame`` computes the CRCs (``crc32c``, pure Python: a few records of
+  a log). Reading does **not** check them: CRC-32C in pure Python is slow over whole
+  shards, and the SHA-256 of every shard is checked against the staging manifest by
   ``staging.verify`` before training reads it, which catches more than a CRC would. A
   file that ends inside a record is a ``DatasetError`` naming the file and the byte.
+* **protocol buffer fields** (``varint``, ``field``): the wire format's encoding, for
+  the records this project writes (an ``Event``, a benchmark's ``Example``).
 * **Example** (``parse_example``): the protocol buffer wire format decoded by hand,
   ``Example{features=1: Features{feature=1: map<string, Feature>}}``, ``Feature``
   being one of ``bytes_list=1``, ``float_list=2``, ``int64_list=3``, each a
@@ -189,3 +194,54 @@ def _varint(data: bytes, pos: int) -> tuple[int, int]:
         shift += 7
         if shift > 63:
             raise ValueError("a varint longer than 10 bytes")
+
+
+def _crc32c_table() -> list[int]:
+    table = []
+    for byte in range(256):
+        crc = byte
+        for _ in range(8):
+            crc = (crc >> 1) ^ 0x82F63B78 if crc & 1 else crc >> 1
+        table.append(crc)
+    return table
+
+
+_CRC32C = _crc32c_table()
+
+
+def crc32c(data: bytes) -> int:
+    """CRC-32C (Castagnoli) of ``data``."""
+    crc = 0xFFFFFFFF
+    for byte in data:
+        crc = _CRC32C[(crc ^ byte) & 0xFF] ^ (crc >> 8)
+    return crc ^ 0xFFFFFFFF
+
+
+def masked_crc(data: bytes) -> int:
+    """TFRecord's CRC: CRC-32C rotated right by 15 bits plus a constant."""
+    crc = crc32c(data)
+    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def frame(record: bytes) -> bytes:
+    """One TFRecord frame of ``record``, as ``iter_records`` reads it back."""
+    length = struct.pack("<Q", len(record))
+    return (length + struct.pack("<I", masked_crc(length)) + record
+            + struct.pack("<I", masked_crc(record)))
+
+
+def varint(value: int) -> bytes:
+    """``value`` (>= 0) as a protocol buffer base-128 varint."""
+    out = bytearray()
+    while True:
+        bits, value = value & 0x7F, value >> 7
+        out.append(bits | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def field(number: int, wire: int, payload: bytes) -> bytes:
+    """Field ``number`` of wire type ``wire`` (0 varint, 1 fixed64, 2 length-delimited,
+    5 fixed32) holding ``payload`` (already encoded; its length is added for type 2)."""
+    key = varint(number << 3 | wire)
+    return key + varint(len(payload)) + payload if wire == _LEN else key + payload

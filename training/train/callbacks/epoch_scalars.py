@@ -5,8 +5,8 @@ Keras's ``TensorBoard`` callback writes through ``tensorflow.summary``, and the
 training process imports neither. ``EpochScalars`` writes what the run's TensorBoard
 log holds under TensorFlow (``train/`` and ``validation/``, tags ``epoch_loss``,
 ``epoch_accuracy``, ``epoch_learning_rate``..., one step per epoch counted from 0) as
-event files: TFRecord frames (length and data, each with its masked CRC-32C) of
-``Event`` protocol buffers encoded here by hand (``wall_time`` 1, ``step`` 2,
+event files: TFRecord frames (``data.records.frame``) of ``Event`` protocol buffers
+encoded here by hand (``data.records.field``) (``wall_time`` 1, ``step`` 2,
 ``file_version`` 3, ``summary`` 5; ``Summary.Value``: ``tag`` 1, ``simple_value`` 2).
 ``tensorboard --logdir`` reads them as it reads TensorFlow's.
 
@@ -26,69 +26,20 @@ from typing import Any
 
 import keras
 
-
-def _crc32c_table() -> list[int]:
-    table = []
-    for byte in range(256):
-        crc = byte
-        for _ in range(8):
-            crc = (crc >> 1) ^ 0x82F63B78 if crc & 1 else crc >> 1
-        table.append(crc)
-    return table
-
-
-_TABLE = _crc32c_table()
-
-
-def crc32c(data: bytes) -> int:
-    crc = 0xFFFFFFFF
-    for byte in data:
-        crc = _TABLE[(crc ^ byte) & 0xFF] ^ (crc >> 8)
-    return crc ^ 0xFFFFFFFF
-
-
-def masked_crc(data: bytes) -> int:
-    """TFRecord's CRC: CRC-32C rotated right by 15 bits plus a constant."""
-    crc = crc32c(data)
-    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
-
-
-def frame(record: bytes) -> bytes:
-    """One TFRecord frame."""
-    length = struct.pack("<Q", len(record))
-    return (length + struct.pack("<I", masked_crc(length)) + record
-            + struct.pack("<I", masked_crc(record)))
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        bits, value = value & 0x7F, value >> 7
-        if value:
-            out.append(bits | 0x80)
-        else:
-            out.append(bits)
-            return bytes(out)
-
-
-def _field(number: int, wire: int, payload: bytes) -> bytes:
-    key = _varint(number << 3 | wire)
-    if wire == 2:  # length-delimited
-        return key + _varint(len(payload)) + payload
-    return key + payload
+from training.data.records import field, frame, varint
 
 
 def event(wall_time: float, step: int, *, file_version: str | None = None,
           scalars: dict[str, float] | None = None) -> bytes:
     """An ``Event`` protocol buffer: a file version, or scalars at a step."""
-    body = _field(1, 1, struct.pack("<d", wall_time)) + _field(2, 0, _varint(step))
+    body = field(1, 1, struct.pack("<d", wall_time)) + field(2, 0, varint(step))
     if file_version is not None:
-        body += _field(3, 2, file_version.encode())
+        body += field(3, 2, file_version.encode())
     if scalars:
         values = b"".join(
-            _field(1, 2, _field(1, 2, tag.encode()) + _field(2, 5, struct.pack("<f", value)))
+            field(1, 2, field(1, 2, tag.encode()) + field(2, 5, struct.pack("<f", value)))
             for tag, value in scalars.items())
-        body += _field(5, 2, values)
+        body += field(5, 2, values)
     return body
 
 
