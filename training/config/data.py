@@ -93,6 +93,13 @@ class DatasetConfig(Section):
         "in a quarter of the memory available).", key="input_cache",
         enum=["auto", "memory", "none"],
     )
+    decoded_copy: bool = setting(
+        False, "Also keep each split decoded on disk (raw uint8 pixels, written once when "
+        "the dataset is staged) and train and evaluate from it instead of decoding images "
+        "every epoch: for images slow to decode (224x224 and up) in a split that does not "
+        "fit in memory. Costs height x width x channels bytes of disk an image.",
+        key="decoded_copy",
+    )
     augment: str = setting(
         "none", "Random changes to each training image in the tf.data pipeline (parallel, "
         "on the CPU, seeded by fit.seed): flip (left-right), crop (pad by 1/8 of each "

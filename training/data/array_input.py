@@ -16,6 +16,10 @@ reader), and served as a ``keras.utils.PyDataset``:
 * **not cached**: the encoded records stay in memory (a few kB an image) and each batch
   is decoded when it is asked for, in ``workers`` threads ahead of the step (Pillow
   releases the GIL while it decodes).
+* **decoded copy** (``dataset.decoded_copy``, ``decoded_copy.py``): nothing is decoded.
+  Cached, the split is read from it into memory; not cached, each batch is gathered
+  from its memory map (the page cache holds what the disk gave), in ``workers``
+  threads ahead of the step. Nothing of the split stays in this process's memory.
 * **shuffle**: a permutation drawn per epoch from ``(seed, epoch)``: a seed gives one
   order, a new one each epoch. Like the tf.data path, a resumed run starts the stream
   again (docs/resume.md).
@@ -79,7 +83,8 @@ class SplitBatches(keras.utils.PyDataset):
     """One split as ``(uint8 images, int32 labels)`` batches (see the module doc)."""
 
     def __init__(self, reader: Any, split: str, *, global_batch_size: int, shuffle: bool,
-                 seed: int, keep_decoded: bool, augment: tuple[str, ...] = ()) -> None:
+                 seed: int, keep_decoded: bool, augment: tuple[str, ...] = (),
+                 decoded: Any = None) -> None:
         workers = 1 if keep_decoded else min(8, os.cpu_count() or 1)
         super().__init__(workers=workers, use_multiprocessing=False, max_queue_size=8)
         self.reader, self.split, self.seed = reader, split, seed
@@ -87,7 +92,10 @@ class SplitBatches(keras.utils.PyDataset):
         self.global_batch_size = global_batch_size
         self.devices = data_devices()
         self.process, self.processes = processes()
-        if keep_decoded:
+        if decoded is not None:  # a decoded_copy.DecodedSplit: read, not decoded
+            self.images = np.array(decoded.images()) if keep_decoded else decoded.images()
+            self.labels, self.encoded = decoded.labels, None
+        elif keep_decoded:
             self.images, self.labels = reader.arrays(split)
             self.encoded = None
         else:
@@ -124,7 +132,7 @@ class SplitBatches(keras.utils.PyDataset):
         share = len(rows) // self.processes
         rows = rows[self.process * share:(self.process + 1) * share]
         if self.images is not None:
-            images = self.images[rows]
+            images = np.ascontiguousarray(self.images[rows])  # a memory map: a copy
         else:
             images = self.reader.decode([self.encoded[i] for i in rows], workers=1,
                                         split=self.split)

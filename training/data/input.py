@@ -16,6 +16,9 @@ training and evaluation iterate, in these stages::
   encoded records, and decoding and augmenting overlap the reading from the first
   batch on, whatever the split's size (before, a buffer as large as the split held
   every decoded image of the epoch before the first batch came out).
+* **decoded copy** (``dataset.decoded_copy``): the records are the split's raw pixels,
+  written once by the stage step (``decoded_copy.py``), read as fixed-length records;
+  "decode" is a reshape. The stages are the same.
 * **resize** is not a stage here: every staged dataset has one image shape (staging's
   statistics refuse a dataset that does not), and the team's own images are resized
   once, when their partition is staged (``partition_shards.py``), not every epoch.
@@ -118,14 +121,17 @@ def make_dataset(
     cache: str = "auto",
     augment: str = "none",
     on_device: bool = False,
+    decoded: bool = False,
 ) -> Any:
     """The ``as_supervised`` pipeline of one split, in the stages of the module doc.
 
     Images stay uint8: the model scales them (a Rescaling layer). A ``StagedArrays``
     (a JAX process's reader) gives a ``SplitBatches`` of the same stages or, with
     ``on_device`` (the training split) when the split fits there, its ``IndexBatches``
-    (``device_split``).
+    (``device_split``). ``decoded`` (``dataset.decoded_copy``): the split's pixels are
+    read from its decoded copy (``decoded_copy.py``), not decoded from the shards.
     """
+    copy = decoded_split(builder, split) if decoded else None
     if not hasattr(builder, "as_dataset"):  # staged_arrays.StagedArrays
         from training.data.array_input import SplitBatches, processes
 
@@ -139,19 +145,20 @@ def make_dataset(
             log.info("input %s: %s (%s)", split, "kept on the device" if there else
                      "fed from the host", why)
             if there:
+                arrays = (copy.images(), copy.labels) if copy else builder.arrays(split)
                 return device_split.IndexBatches(
-                    device_split.DeviceSplit(*builder.arrays(split)),
+                    device_split.DeviceSplit(*arrays),
                     global_batch_size=global_batch_size, shuffle=shuffle, seed=seed)
         keep, why = cache_plan(cache, decoded_bytes(builder, split), available_memory())
         log.info("input %s: %s (%s)", split, "cached in memory" if keep else "not cached",
                  why)
         return SplitBatches(builder, split, global_batch_size=global_batch_size,
-                            shuffle=shuffle, seed=seed, keep_decoded=keep,
+                            shuffle=shuffle, seed=seed, keep_decoded=keep, decoded=copy,
                             augment=tuple(augment.split("_")) if augment != "none" else ())
     import numpy as np
     import tensorflow as tf
 
-    ds, decode = undecoded(builder, split)
+    ds, decode = copy.tf_records() if copy else undecoded(builder, split)
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
     options.deterministic = True
@@ -198,6 +205,14 @@ def undecoded(builder: Any, split: str) -> tuple[Any, Any]:
         return feature.decode_example(image), label
 
     return ds, decode
+
+
+def decoded_split(builder: Any, split: str) -> Any:
+    """``split``'s decoded copy, for a run with ``dataset.decoded_copy``."""
+    from training.data import decoded_copy
+
+    path = getattr(builder, "path", None) or getattr(builder, "data_dir", None)
+    return decoded_copy.required(Path(path) if path else None, split, builder.name)
 
 
 def decoded_bytes(builder: Any, split: str) -> int | None:

@@ -45,7 +45,8 @@ TEST_BATCH = 256
 
 def _test_split(builder: Any, cfg: RunConfig) -> Any:
     return make_dataset(builder, "test", global_batch_size=TEST_BATCH, shuffle=False,
-                        seed=cfg.fit.seed, cache=cfg.dataset.input_cache)
+                        seed=cfg.fit.seed, cache=cfg.dataset.input_cache,
+                        decoded=cfg.dataset.decoded_copy)
 
 
 def unplaced() -> None:

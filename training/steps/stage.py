@@ -9,10 +9,11 @@ without importing tensorflow-datasets (the Airflow task's 0.01 s check).
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
 
 from training.config import RunConfig
-from training.data import staging
+from training.data import decoded_copy, staging
 from training.data.staging import StagedDataset
 from training.errors import ConfigError
 
@@ -20,15 +21,23 @@ log = logging.getLogger(__name__)
 
 
 def cached(cfg: RunConfig, store_options: Any = None) -> StagedDataset | None:
-    """The staged dataset of this config if it is already staged and complete; else None."""
-    return staging.cached(cfg.dataset, store_options)
+    """The staged dataset of this config if it is already staged and complete (with its
+    decoded copy, when ``dataset.decoded_copy`` asks for one); else None."""
+    staged = staging.cached(cfg.dataset, store_options)
+    if staged is not None and cfg.dataset.decoded_copy and decoded_copy.missing(
+            Path(staged.path), _split_names(cfg, staged)):
+        return None
+    return staged
 
 
 def stage(cfg: RunConfig, staged_file: str | None = None) -> StagedDataset:
     """The run's staged dataset: the one a previous step handed over (``staged_file``,
-    the JSON ``stage`` printed), verified, else staged now (cached by its inputs)."""
+    the JSON ``stage`` printed), verified, else staged now (cached by its inputs). With
+    ``dataset.decoded_copy``, its splits are also decoded once (``decoded_copy.py``)."""
     if not staged_file:
-        return staging.stage(cfg.dataset)
+        staged = staging.stage(cfg.dataset)
+        _decoded_copy(cfg, staged)
+        return staged
     staged = StagedDataset.read(staged_file)
     version = cfg.dataset.version
     if staged.name != cfg.dataset.name or version not in (None, staged.version):
@@ -38,7 +47,22 @@ def stage(cfg: RunConfig, staged_file: str | None = None) -> StagedDataset:
                           "leave --staged out")
     staging.verify(staged)
     log.info("using the staged dataset %s from %s", staged.key, staged_file)
+    _decoded_copy(cfg, staged)
     return staged
+
+
+def _split_names(cfg: RunConfig, staged: StagedDataset) -> list[str]:
+    from training.data.input import split_names
+    from training.data.staged_arrays import StagedArrays
+
+    return list(split_names(StagedArrays(staged), cfg.dataset.validation_fraction).values())
+
+
+def _decoded_copy(cfg: RunConfig, staged: StagedDataset) -> None:
+    if cfg.dataset.decoded_copy:
+        written = decoded_copy.ensure(Path(staged.path), _split_names(cfg, staged))
+        log.info("dataset %s: decoded copy %s", staged.key,
+                 f"written for {', '.join(written)}" if written else "already there")
 
 
 def stage_elsewhere(cfg: RunConfig, staged_file: str | None = None) -> StagedDataset:

@@ -273,9 +273,10 @@ def _train(cfg: RunConfig, staged: StagedDataset, resolved: Any,
     train_ds = make_dataset(builder, splits["train"], global_batch_size=batch, shuffle=True,
                             seed=cfg.fit.seed, shuffle_buffer=data.shuffle_buffer,
                             cache=data.input_cache, augment=data.augment,
-                            on_device=resolved.backend == "jax")
+                            on_device=resolved.backend == "jax", decoded=data.decoded_copy)
     val_ds = make_dataset(builder, splits["validation"], global_batch_size=batch,
-                          shuffle=False, seed=cfg.fit.seed, cache=data.input_cache)
+                          shuffle=False, seed=cfg.fit.seed, cache=data.input_cache,
+                          decoded=data.decoded_copy)
 
     with resolved.scope():
         model = models.build(cfg.model.name, info["input_shape"], info["num_classes"],
@@ -305,7 +306,7 @@ def _train(cfg: RunConfig, staged: StagedDataset, resolved: Any,
         "dataset": staged.to_dict(),
         "strategy": resolved.to_dict(),
         "input": {"train": "device" if getattr(train_ds, "device_split", None) is not None
-                  else "host"},
+                  else "host", "decoded_copy": data.decoded_copy},
         "precision": {"policy": policy, "why": why},
         "software": software_versions(),
         "pretrained_weights": weights,

@@ -1,0 +1,228 @@
+"""A staged dataset's splits kept decoded on disk: pixels read, not images decoded.
+
+Why: a model that is heavy per image (a backbone at 224x224) on an accelerator needs
+thousands of images a second, and decoding PNGs costs about 3 ms of a core each
+(measured: 16 cores decode about 4,946 224x224 PNGs a second, less than the 5,893 a
+second an H200 trains ResNet-50 at; docs/benchmarks.md). When the split does not fit
+in memory, every epoch decodes it again. With ``dataset.decoded_copy``, staging decodes
+each split once (on the staging worker's CPUs, not the training pod's) into one file of
+fixed-size records, and training reads pixels from it: a NumPy memory map in a JAX
+process (``DecodedSplit.images``, served by ``array_input``), and
+``tf.data.FixedLengthRecordDataset`` under TensorFlow (``DecodedSplit.tf_records``,
+in ``input.py``'s stages). Reading is a copy out of the page cache, in any order; the cost is
+disk, H x W x C bytes an image (a 224x224 photo is about 100 kB as PNG, 147 kB here).
+
+Layout, in the staged dataset's directory beside its shards, but outside its manifest
+and fingerprint (a copy derived from the content, not content)::
+
+    decoded/index.json      what is here, written last (after every file is complete)
+    decoded/<stem>.pixels   count x H x W x C uint8, row-major, in the reader's order
+    decoded/<stem>.labels   count little-endian int64
+
+``index.json``: ``{"format": 1, "fingerprint": <the staged dataset's>, "splits":
+{<split expression>: {"stem", "count", "shape", "pixels": {"size", "sha256"},
+"labels": {"size", "sha256"}}}}``. Each training split expression (``train[:90%]``)
+has its own pair of files, written in the order the readers read it
+(``staged_arrays.StagedArrays``, the same order as tf.data's).
+
+* ``ensure`` (the stage step, when ``dataset.decoded_copy`` is true) writes what is
+  missing, under the staging lock; an index of another fingerprint is stale and
+  written again.
+* ``find`` (the input pipeline) checks a split's files' size and SHA-256 against the
+  index (once per process and split) and gives a ``DecodedSplit``; a changed byte is a
+  ``DatasetError`` naming the file and how to fix it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from training.errors import DatasetError
+from training.files import sha256_file
+from training.layout import STAGING_MANIFEST
+
+log = logging.getLogger(__name__)
+
+FORMAT = 1
+FOLDER = "decoded"
+INDEX = "index.json"
+CHUNK = 1024  # images decoded and written at a time: bounded memory, whatever the split
+LOCK_WAIT_S = 1800.0  # staging's own wait for the same lock
+
+
+@dataclass(frozen=True)
+class DecodedSplit:
+    """One split's decoded copy, checked: where its pixels are, its labels, its shape."""
+
+    pixels: Path
+    labels: np.ndarray  # int64, (count,)
+    shape: tuple[int, int, int]
+
+    @property
+    def count(self) -> int:
+        return len(self.labels)
+
+    @property
+    def image_bytes(self) -> int:
+        return int(np.prod(self.shape))
+
+    def images(self) -> np.ndarray:
+        """The pixels as a read-only memory map ``(count, H, W, C)``: nothing is read
+        until an image is indexed (the JAX input's reader)."""
+        return np.memmap(self.pixels, dtype=np.uint8, mode="r",
+                         shape=(self.count, *self.shape))
+
+    def tf_records(self) -> tuple[Any, Any]:
+        """tf.data's reader (``input.undecoded``'s pair for the copy): the fixed-size
+        records of raw pixels zipped with the labels, in order, and the function that
+        turns a record into an image."""
+        import tensorflow as tf
+
+        pixels = tf.data.FixedLengthRecordDataset(str(self.pixels), self.image_bytes,
+                                                  buffer_size=1 << 22)
+        records = tf.data.Dataset.zip((pixels, tf.data.Dataset.from_tensor_slices(self.labels)))
+        shape = self.shape
+
+        def decode(record: Any, label: Any) -> Any:
+            return tf.reshape(tf.io.decode_raw(record, tf.uint8), shape), label
+
+        return records, decode
+
+
+def fingerprint_of(staged_path: Path) -> str:
+    """The staged dataset's fingerprint, from its manifest (no tfds, no staging import)."""
+    try:
+        return str(json.loads((staged_path / STAGING_MANIFEST).read_text())["fingerprint"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise DatasetError(f"dataset at {staged_path} has no readable "
+                           f"{STAGING_MANIFEST} ({exc}): stage it first") from None
+
+
+def read_index(staged_path: Path) -> dict[str, Any] | None:
+    """The decoded copy's index if there is one of this format and of the staged
+    dataset's current fingerprint; None if there is none or it is stale."""
+    path = staged_path / FOLDER / INDEX
+    try:
+        index = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise DatasetError(f"decoded copy index {path} is unreadable ({exc}); delete "
+                           f"{path.parent} and stage again") from None
+    if index.get("format") != FORMAT or index.get("fingerprint") != fingerprint_of(staged_path):
+        return None
+    return index
+
+
+def missing(staged_path: Path, splits: Iterable[str]) -> list[str]:
+    """The split expressions that have no decoded copy yet (no hashing: cheap)."""
+    index = read_index(staged_path) or {"splits": {}}
+    return [split for split in splits if split not in index["splits"]]
+
+
+def ensure(path: Path, splits: Iterable[str]) -> list[str]:
+    """Write the decoded copy of the split expressions (those training reads:
+    ``input.split_names``) that have none yet; the ones written."""
+    from training.data.staged_arrays import StagedArrays
+    from training.locks import claim
+
+    splits = list(dict.fromkeys(splits))
+    if not missing(path, splits):
+        return []
+    reader = StagedArrays(path)
+    with claim(path.with_name(path.name + ".lock"), f"staging directory {path}",
+               wait_s=LOCK_WAIT_S):
+        index = read_index(path) or {"format": FORMAT, "fingerprint": fingerprint_of(path),
+                                     "splits": {}}
+        todo = [split for split in splits if split not in index["splits"]]
+        for split in todo:
+            index["splits"][split] = _write_split(reader, split, path / FOLDER)
+            log.info("decoded copy of %s split %s: %d images, %.1f MB", reader.name, split,
+                     index["splits"][split]["count"],
+                     index["splits"][split]["pixels"]["size"] / 2**20)
+        temporary = path / FOLDER / (INDEX + ".tmp")
+        temporary.write_text(json.dumps(index, indent=1, sort_keys=True))
+        os.replace(temporary, path / FOLDER / INDEX)  # written last: the copy is complete
+    return todo
+
+
+def _stem(split: str) -> str:
+    base = split.split("[", 1)[0]
+    return f"{base}-{hashlib.sha256(split.encode()).hexdigest()[:10]}"
+
+
+def _write_split(reader: Any, split: str, folder: Path) -> dict[str, Any]:
+    """Decode ``split`` in chunks into ``<stem>.pixels`` and ``<stem>.labels``."""
+    from training.data.staged_arrays import decode_images
+
+    folder.mkdir(parents=True, exist_ok=True)
+    stem = _stem(split)
+    shape = [int(d) for d in reader.info.image_shape]
+    hashes = {"pixels": hashlib.sha256(), "labels": hashlib.sha256()}
+    count = 0
+    what = f"dataset {reader.name} at {reader.path}, split {split}"
+    with open(folder / f"{stem}.pixels", "wb") as pixels, \
+            open(folder / f"{stem}.labels", "wb") as labels:
+        chunk: list[tuple[bytes, int]] = []
+        for example in (*reader.iter_encoded(split), None):
+            if example is not None:
+                chunk.append(example)
+            if chunk and (example is None or len(chunk) == CHUNK):
+                images = decode_images([image for image, _ in chunk], shape, what=what)
+                numbers = np.asarray([label for _, label in chunk], dtype="<i8")
+                for name, handle, data in (("pixels", pixels, images.tobytes()),
+                                           ("labels", labels, numbers.tobytes())):
+                    handle.write(data)
+                    hashes[name].update(data)
+                count += len(chunk)
+                chunk = []
+        for handle in (pixels, labels):
+            handle.flush()
+            os.fsync(handle.fileno())
+    return {"stem": stem, "count": count, "shape": shape,
+            **{name: {"size": (folder / f"{stem}.{name}").stat().st_size,
+                      "sha256": digest.hexdigest()} for name, digest in hashes.items()}}
+
+
+def required(staged_path: Path | None, split: str, name: str) -> DecodedSplit:
+    """``find``, for a run with ``dataset.decoded_copy``: DatasetError when there is no
+    copy of ``split`` (``name``: the dataset's, for the message)."""
+    found = find(staged_path, split) if staged_path is not None else None
+    if found is None:
+        raise DatasetError(
+            f"dataset.decoded_copy is true, but dataset {name} staged at {staged_path} has "
+            f"no decoded copy of split {split!r}: stage it again with this config "
+            "(python -m training stage), or set dataset.decoded_copy to false")
+    return found
+
+
+def find(staged_path: Path, split: str) -> DecodedSplit | None:
+    """``split``'s decoded copy, its files checked against the index; None when the
+    staged dataset has none for that split (or only a stale one)."""
+    index = read_index(staged_path)
+    entry = (index or {"splits": {}})["splits"].get(split)
+    if entry is None:
+        return None
+    folder = staged_path / FOLDER
+    for name in ("pixels", "labels"):
+        path = folder / f"{entry['stem']}.{name}"
+        if not path.is_file():
+            raise DatasetError(f"decoded copy file {path} is missing (split {split}); "
+                               f"delete {folder} and stage again")
+        size, digest = path.stat().st_size, sha256_file(path)
+        if (size, digest) != (entry[name]["size"], entry[name]["sha256"]):
+            raise DatasetError(
+                f"decoded copy file {path} is corrupted: its size or SHA-256 does not match "
+                f"{folder / INDEX} (split {split}); delete {folder} and stage again")
+    labels = np.fromfile(folder / f"{entry['stem']}.labels", dtype="<i8").astype(np.int64)
+    return DecodedSplit(folder / f"{entry['stem']}.pixels", labels,
+                        tuple(int(d) for d in entry["shape"]))
