@@ -14,12 +14,12 @@ reader), and served as a ``keras.utils.PyDataset``:
   in a quarter of the memory available): decoded once, in parallel threads, then each
   batch is a slice of a per-epoch permutation.
 * **not cached**: the encoded records stay in memory (a few kB an image) and each batch
-  is decoded when it is asked for, in ``workers`` threads ahead of the step (Pillow
-  releases the GIL while it decodes).
+  is decoded when it is asked for, ahead of the step, in a thread per CPU (Pillow
+  releases the GIL while it decodes), with at most two batches a CPU, and 1 GiB, queued.
 * **decoded copy** (``dataset.decoded_copy``, ``decoded_copy.py``): nothing is decoded.
   Cached, the split is read from it into memory; not cached, each batch is gathered
-  from its memory map (the page cache holds what the disk gave), in ``workers``
-  threads ahead of the step. Nothing of the split stays in this process's memory.
+  from its memory map (the page cache holds what the disk gave), in the same threads.
+  Not cached, nothing of the split stays in this process's memory.
 * **shuffle**: a permutation drawn per epoch from ``(seed, epoch)``: a seed gives one
   order, a new one each epoch. Like the tf.data path, a resumed run starts the stream
   again (docs/resume.md).
@@ -35,15 +35,17 @@ reader), and served as a ``keras.utils.PyDataset``:
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any
 
 import keras
 import numpy as np
 
+from training.data.staged_arrays import cpus
 from training.errors import DatasetError
 
 log = logging.getLogger(__name__)
+
+QUEUE_BYTES = 1 << 30  # the most the batches decoded ahead of the step may hold
 
 
 def data_devices() -> int:
@@ -85,8 +87,12 @@ class SplitBatches(keras.utils.PyDataset):
     def __init__(self, reader: Any, split: str, *, global_batch_size: int, shuffle: bool,
                  seed: int, keep_decoded: bool, augment: tuple[str, ...] = (),
                  decoded: Any = None) -> None:
-        workers = 1 if keep_decoded else min(8, os.cpu_count() or 1)
-        super().__init__(workers=workers, use_multiprocessing=False, max_queue_size=8)
+        workers, queue = 1, 8
+        if not keep_decoded:  # a thread a CPU, while the queued batches stay under 1 GiB
+            batch_bytes = global_batch_size * int(np.prod(reader.info.image_shape))
+            queue = max(2, min(2 * cpus(), QUEUE_BYTES // max(1, batch_bytes)))
+            workers = min(cpus(), queue)
+        super().__init__(workers=workers, use_multiprocessing=False, max_queue_size=queue)
         self.reader, self.split, self.seed = reader, split, seed
         self.shuffle, self.augment = shuffle, augment
         self.global_batch_size = global_batch_size

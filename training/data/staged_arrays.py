@@ -109,7 +109,7 @@ def decode_images(encoded: Sequence[bytes], shape: Sequence[int], *,
         for start in starts:
             _decode_into(out, encoded, start, (height, width, channels), what)
         return out
-    with ThreadPoolExecutor(max_workers=workers or _cpus(),
+    with ThreadPoolExecutor(max_workers=workers or cpus(),
                             thread_name_prefix="decode") as pool:
         for _ in pool.map(lambda s: _decode_into(out, encoded, s, (height, width, channels),
                                                  what), starts):
@@ -117,7 +117,8 @@ def decode_images(encoded: Sequence[bytes], shape: Sequence[int], *,
     return out
 
 
-def _cpus() -> int:
+def cpus() -> int:
+    """The CPUs this process may run on."""
     try:
         return len(os.sched_getaffinity(0))  # a container's CPU set, not the host's
     except AttributeError:  # not on Linux
