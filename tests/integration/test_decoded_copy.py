@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from support.cli import cli, last_json
 from support.jax_training import train_in_jax
 
 from training.config import RunConfig
@@ -78,10 +79,12 @@ def test_the_copy_holds_the_decoded_pixels_and_labels_in_the_readers_order(stage
 def test_tf_data_reads_the_copy_as_it_decodes_the_shards(staged, cache):
     builder = load_builder(staged)
     split = split_names(builder, 0.1)["train"]
+    examples = StagedArrays(staged).num_examples(split)
 
     def batches(decoded: bool) -> list:
         ds = make_dataset(builder, split, global_batch_size=100, shuffle=True, seed=3,
                           cache=cache, decoded=decoded)
+        assert int(ds.cardinality()) == -(-examples // 100)  # Keras knows an epoch's length
         return [(x.numpy(), y.numpy()) for x, y in ds]
 
     for (x1, y1), (x2, y2) in zip(batches(False), batches(True), strict=True):
@@ -182,3 +185,17 @@ def test_jax_training_from_the_copy_ends_as_training_from_the_shards(staged, tmp
         run = json.loads((tmp_path / "runs" / run_id / "model" / "run.json").read_text())
         assert run["input"] == {"train": where, "decoded_copy": True}
     assert trained.report["tensorflow_modules"] == []
+
+
+def test_the_cli_trains_and_evaluates_on_tensorflow_from_the_copy(staged, tmp_path):
+    proc = cli(tmp_path, "train", "--staging-dir", staged.staging_dir, "--output-dir",
+               os.fspath(tmp_path / "runs"), "--store-uri", os.fspath(tmp_path / "store"),
+               "--decoded-copy", "--input-cache", "none", "--epochs", "2", "--evaluate")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "ran out of data" not in proc.stderr  # Keras knew each epoch's length
+    assert "input test: not cached (dataset.input_cache is 'none': read from its decoded " \
+           "copy every epoch)" in proc.stderr
+    trained = last_json(proc.stdout, "trained")["trained"]
+    run = json.loads((Path(trained["run_dir"]) / "model" / "run.json").read_text())
+    assert run["input"] == {"train": "host", "decoded_copy": True}
+    assert last_json(proc.stdout, "evaluation")["test_accuracy"] > 0.8

@@ -56,8 +56,8 @@ def test_the_training_split_lives_on_the_device_when_it_fits_and_the_log_says_wh
     out, log, _ = groups
     records = {name: json.loads((out / "runs" / name / "model" / "run.json").read_text())
                for name in ("fused", "host")}
-    assert records["fused"]["input"] == {"train": "device"}
-    assert records["host"]["input"] == {"train": "host"}
+    assert records["fused"]["input"] == {"train": "device", "decoded_copy": False}
+    assert records["host"]["input"] == {"train": "host", "decoded_copy": False}
     assert "input train: kept on the device (0.1 MB decoded fits in" in log
     assert "input train: fed from the host (dataset.input_cache is 'none')" in log
     assert "train steps: 5 per dispatch, one compiled loop" in log

@@ -132,7 +132,8 @@ def test_the_cli_trains_on_jax_and_publishes_a_saved_model_that_predicts_the_sam
     model_dir = Path(trained["model_path"]).parent
     record = json.loads((model_dir / "run.json").read_text())
     assert record["strategy"]["backend"] == "jax"
-    assert record["input"] == {"train": "device"}  # digits fits: the fused loop trained it
+    # digits fits: the fused loop trained it
+    assert record["input"] == {"train": "device", "decoded_copy": False}
     assert record["throughput"]["images_per_s"] > 0
     assert record["throughput"]["accelerator"]["platform"] == "cpu"
     assert (model_dir / "evaluation.json").is_file()

@@ -90,6 +90,8 @@ class DecodedSplit:
         pixels = tf.data.FixedLengthRecordDataset(str(self.pixels), self.image_bytes,
                                                   buffer_size=1 << 22)
         records = tf.data.Dataset.zip((pixels, tf.data.Dataset.from_tensor_slices(self.labels)))
+        # A file's records are not counted by tf.data; Keras needs the epoch's length.
+        records = records.apply(tf.data.experimental.assert_cardinality(self.count))
         shape = self.shape
 
         def decode(record: Any, label: Any) -> Any:

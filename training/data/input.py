@@ -132,6 +132,7 @@ def make_dataset(
     read from its decoded copy (``decoded_copy.py``), not decoded from the shards.
     """
     copy = decoded_split(builder, split) if decoded else None
+    again = "read from its decoded copy every epoch" if copy else "decoded again every epoch"
     if not hasattr(builder, "as_dataset"):  # staged_arrays.StagedArrays
         from training.data.array_input import SplitBatches, processes
 
@@ -149,7 +150,7 @@ def make_dataset(
                 return device_split.IndexBatches(
                     device_split.DeviceSplit(*arrays),
                     global_batch_size=global_batch_size, shuffle=shuffle, seed=seed)
-        keep, why = cache_plan(cache, decoded_bytes(builder, split), available_memory())
+        keep, why = cache_plan(cache, decoded_bytes(builder, split), available_memory(), again)
         log.info("input %s: %s (%s)", split, "cached in memory" if keep else "not cached",
                  why)
         return SplitBatches(builder, split, global_batch_size=global_batch_size,
@@ -163,7 +164,7 @@ def make_dataset(
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
     options.deterministic = True
     ds = ds.with_options(options)
-    keep, why = cache_plan(cache, decoded_bytes(builder, split), available_memory())
+    keep, why = cache_plan(cache, decoded_bytes(builder, split), available_memory(), again)
     log.info("input %s: %s (%s)", split, "cached in memory" if keep else "not cached", why)
     if keep:
         ds = ds.map(decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).cache()
@@ -237,12 +238,14 @@ def decoded_bytes(builder: Any, split: str) -> int | None:
     return int(examples) * (int(np.prod(shape)) * itemsize + LABEL_BYTES)
 
 
-def cache_plan(mode: str, size: int | None, available: int | None) -> tuple[bool, str]:
-    """Whether to cache the decoded split in memory, and why (logged)."""
+def cache_plan(mode: str, size: int | None, available: int | None,
+               again: str = "decoded again every epoch") -> tuple[bool, str]:
+    """Whether to cache the decoded split in memory, and why (logged); ``again``: what
+    happens every epoch when it is not (with a decoded copy: read from it)."""
     if mode == "memory":
         return True, "dataset.input_cache is 'memory'"
     if mode == "none":
-        return False, "dataset.input_cache is 'none': decoded again every epoch"
+        return False, f"dataset.input_cache is 'none': {again}"
     if size is None:
         return True, "dataset.input_cache 'auto': the dataset's info gives no size, cached"
     if available is None:
@@ -251,8 +254,7 @@ def cache_plan(mode: str, size: int | None, available: int | None) -> tuple[bool
     fits = size <= budget
     return fits, (f"dataset.input_cache 'auto': {_mb(size)} decoded "
                   f"{'fits in' if fits else 'exceeds'} {_mb(budget)}, a quarter of the "
-                  f"{_mb(available)} available" + ("" if fits else
-                                                  ": decoded again every epoch"))
+                  f"{_mb(available)} available" + ("" if fits else f": {again}"))
 
 
 def _mb(size: int) -> str:
