@@ -5,7 +5,9 @@ A copy of the session's staged ``digits`` gets its decoded copy from the real st
 same order, that decoding the shards gives (the NumPy reader, tf.data, and the JAX
 input's memory-mapped batches); the staged shards' manifest and fingerprint are
 untouched; a flipped byte and a missing file are refused by name; a stale copy is
-rewritten; a run that asks for a copy that is not there is refused; and a JAX training
+rewritten (over files renamed into place: a reader's memory map keeps the old); a copy
+written in small chunks is the same copy; a run, or a step handed a staged dataset, that
+asks for a copy that is not there is refused; and a JAX training
 run reading the copy ends with the same weights as one decoding the shards.
 """
 
@@ -98,18 +100,32 @@ def test_the_jax_input_gathers_batches_from_the_memory_map(staged):
     reader = StagedArrays(staged)
     split = _splits(staged)[0]
     copy = decoded_copy.find(Path(staged.path), split)
-    mapped = SplitBatches(reader, split, global_batch_size=64, shuffle=True, seed=5,
-                          keep_decoded=False, decoded=copy, augment=("flip",))
+    batches = {  # per batch from the memory map; the copy read into memory (cached)
+        keep: SplitBatches(reader, split, global_batch_size=64, shuffle=True, seed=5,
+                           keep_decoded=keep, decoded=copy, augment=("flip",))
+        for keep in (False, True)}
     decoding = SplitBatches(reader, split, global_batch_size=64, shuffle=True, seed=5,
                             keep_decoded=False, augment=("flip",))
-    assert isinstance(mapped.images, np.memmap) and mapped.encoded is None
+    assert isinstance(batches[False].images, np.memmap) and batches[False].encoded is None
+    assert not isinstance(batches[True].images, np.memmap)
     for _ in range(2):  # epochs
         for index in range(len(decoding)):
-            for a, b in zip(mapped[index], decoding[index], strict=True):
-                assert type(a) is np.ndarray  # not a memory map handed to Keras
-                np.testing.assert_array_equal(a, b)
-        mapped.on_epoch_end()
-        decoding.on_epoch_end()
+            for mapped in batches.values():
+                for a, b in zip(mapped[index], decoding[index], strict=True):
+                    np.testing.assert_array_equal(a, b)
+        for each in (*batches.values(), decoding):
+            each.on_epoch_end()
+
+
+def test_a_copy_written_in_small_chunks_is_the_same_copy(staged, tmp_path, monkeypatch):
+    path = _tampered_copy(staged, tmp_path)
+    before = json.loads((path / "decoded" / "index.json").read_text())
+    shutil.rmtree(path / "decoded")
+    image_bytes = int(np.prod(StagedArrays(staged).info.image_shape))
+    monkeypatch.setattr(decoded_copy, "WRITE_BYTES", 100 * image_bytes)  # 100-image chunks
+    assert decoded_copy.ensure(path, _splits(staged)) == _splits(staged)
+    assert json.loads((path / "decoded" / "index.json").read_text()) == before
+    assert not list((path / "decoded").glob("*.tmp"))
 
 
 def _tampered_copy(staged: StagedDataset, tmp_path: Path) -> Path:
@@ -133,7 +149,8 @@ def test_a_flipped_byte_in_the_copy_is_refused_by_name_and_nothing_else_is_lost(
     assert decoded_copy.find(path, _splits(staged)[0]) is not None  # the others still read
     shutil.rmtree(path / "decoded")  # what the error says to do
     assert decoded_copy.ensure(path, _splits(staged)) == _splits(staged)
-    assert decoded_copy.find(path, split).pixels.read_bytes() != bytes(data)
+    assert decoded_copy.find(path, split).pixels.read_bytes() == \
+        decoded_copy.find(Path(staged.path), split).pixels.read_bytes()
 
 
 def test_a_missing_file_is_refused_by_name(staged, tmp_path):
@@ -150,11 +167,18 @@ def test_a_copy_of_other_content_is_stale_and_written_again(staged, tmp_path):
     path = _tampered_copy(staged, tmp_path)
     index_path = path / "decoded" / "index.json"
     index = json.loads(index_path.read_text())
+    mapped = decoded_copy.find(path, _splits(staged)[0]).images()  # a reader of the old
+    old = np.array(mapped)
     index_path.write_text(json.dumps({**index, "fingerprint": "0" * 16}))
     assert decoded_copy.find(path, _splits(staged)[0]) is None
     assert decoded_copy.missing(path, _splits(staged)) == _splits(staged)
     assert decoded_copy.ensure(path, _splits(staged)) == _splits(staged)
     assert json.loads(index_path.read_text())["fingerprint"] == staged.fingerprint
+    np.testing.assert_array_equal(mapped, old)  # renamed over: its old file is still whole
+    for split in _splits(staged):
+        np.testing.assert_array_equal(
+            decoded_copy.find(path, split).images(),
+            decoded_copy.find(Path(staged.path), split).images())
 
 
 def test_a_run_asking_for_a_copy_that_is_not_there_is_refused(staged_digits):
@@ -164,6 +188,21 @@ def test_a_run_asking_for_a_copy_that_is_not_there_is_refused(staged_digits):
                        r"again with this config .* or set dataset.decoded_copy to false"):
         make_dataset(builder, "test", global_batch_size=64, shuffle=False, seed=0,
                      decoded=True)
+
+
+def test_a_step_handed_a_dataset_without_the_copy_stops_before_training(
+        staged_digits, tmp_path):
+    handed = tmp_path / "staged.json"  # what `python -m training stage` printed
+    handed.write_text(json.dumps({"staged": staged_digits.to_dict()}))
+    cfg = _config(staged_digits.staging_dir)
+    with pytest.raises(DatasetError, match=r"dataset.decoded_copy is true, but dataset "
+                       rf"{staged_digits.key} handed over in --staged {handed} has no "
+                       r"decoded copy of split\(s\) 'train', 'validation', 'test': stage it "
+                       r"with this config"):
+        stage.stage(cfg, os.fspath(handed))
+    assert not (Path(staged_digits.path) / "decoded").exists()  # nothing written there
+    plain = RunConfig.from_flat({"staging_dir": staged_digits.staging_dir})
+    assert stage.stage(plain, os.fspath(handed)) == staged_digits
 
 
 def test_jax_training_from_the_copy_ends_as_training_from_the_shards(staged, tmp_path):

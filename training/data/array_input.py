@@ -45,7 +45,8 @@ from training.errors import DatasetError
 
 log = logging.getLogger(__name__)
 
-QUEUE_BYTES = 1 << 30  # the most the batches decoded ahead of the step may hold
+QUEUE_BYTES = 1 << 30  # the most the batches decoded ahead of the step may hold, except
+# that two are always queued (double buffering): batches over 512 MiB queue 2 anyway
 
 
 def data_devices() -> int:
@@ -88,7 +89,7 @@ class SplitBatches(keras.utils.PyDataset):
                  seed: int, keep_decoded: bool, augment: tuple[str, ...] = (),
                  decoded: Any = None) -> None:
         workers, queue = 1, 8
-        if not keep_decoded:  # a thread a CPU, while the queued batches stay under 1 GiB
+        if not keep_decoded:  # a thread a CPU, the queue in QUEUE_BYTES (at least 2 batches)
             batch_bytes = global_batch_size * int(np.prod(reader.info.image_shape))
             queue = max(2, min(2 * cpus(), QUEUE_BYTES // max(1, batch_bytes)))
             workers = min(cpus(), queue)

@@ -29,13 +29,18 @@ has its own pair of files, written in the order the readers read it
   missing, under the staging lock; an index of another fingerprint is stale and
   written again.
 * ``find`` (the input pipeline) checks a split's files' size and SHA-256 against the
-  index (once per process and split) and gives a ``DecodedSplit``; a changed byte is a
-  ``DatasetError`` naming the file and how to fix it.
+  index and gives a ``DecodedSplit``; a changed byte is a ``DatasetError`` naming the
+  file and how to fix it. A process hashes a file once while its inode, size and
+  change time stay the same (a run's train, validation and test inputs open the same
+  files more than once).
+* Every file is written beside its place (``.tmp``), synced, and renamed over it: a
+  process still reading a stale copy through a memory map keeps the old file.
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import logging
 import os
@@ -55,11 +60,11 @@ log = logging.getLogger(__name__)
 FORMAT = 1
 FOLDER = "decoded"
 INDEX = "index.json"
-CHUNK = 1024  # images decoded and written at a time: bounded memory, whatever the split
+WRITE_BYTES = 1 << 30  # at most this many decoded bytes held while writing a split
 LOCK_WAIT_S = 1800.0  # staging's own wait for the same lock
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class DecodedSplit:
     """One split's decoded copy, checked: where its pixels are, its labels, its shape."""
 
@@ -151,10 +156,26 @@ def ensure(path: Path, splits: Iterable[str]) -> list[str]:
             log.info("decoded copy of %s split %s: %d images, %.1f MB", reader.name, split,
                      index["splits"][split]["count"],
                      index["splits"][split]["pixels"]["size"] / 2**20)
-        temporary = path / FOLDER / (INDEX + ".tmp")
-        temporary.write_text(json.dumps(index, indent=1, sort_keys=True))
-        os.replace(temporary, path / FOLDER / INDEX)  # written last: the copy is complete
+        _replace(path / FOLDER / INDEX,  # written last: the copy is complete
+                 [json.dumps(index, indent=1, sort_keys=True).encode()])
     return todo
+
+
+def _replace(path: Path, chunks: Iterable[bytes]) -> None:
+    """Write ``chunks`` to ``path`` through ``path.tmp``, synced, renamed over it, and
+    the rename synced: a crash leaves the old file or the new one, never a part."""
+    temporary = path.with_name(path.name + ".tmp")
+    with open(temporary, "wb") as handle:
+        for chunk in chunks:
+            handle.write(chunk)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temporary, path)
+    folder = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(folder)
+    finally:
+        os.close(folder)
 
 
 def _stem(split: str) -> str:
@@ -163,33 +184,33 @@ def _stem(split: str) -> str:
 
 
 def _write_split(reader: Any, split: str, folder: Path) -> dict[str, Any]:
-    """Decode ``split`` in chunks into ``<stem>.pixels`` and ``<stem>.labels``."""
-    from training.data.staged_arrays import decode_images
+    """Decode ``split`` into ``<stem>.pixels`` and ``<stem>.labels``, a chunk of images at
+    a time: enough for every CPU's decoding thread, at most ``WRITE_BYTES`` of pixels."""
+    from training.data.staged_arrays import DECODE_CHUNK, cpus, decode_images
 
     folder.mkdir(parents=True, exist_ok=True)
     stem = _stem(split)
     shape = [int(d) for d in reader.info.image_shape]
+    size = max(1, min(DECODE_CHUNK * cpus(), WRITE_BYTES // int(np.prod(shape))))
     hashes = {"pixels": hashlib.sha256(), "labels": hashlib.sha256()}
     count = 0
     what = f"dataset {reader.name} at {reader.path}, split {split}"
-    with open(folder / f"{stem}.pixels", "wb") as pixels, \
-            open(folder / f"{stem}.labels", "wb") as labels:
-        chunk: list[tuple[bytes, int]] = []
-        for example in (*reader.iter_encoded(split), None):
-            if example is not None:
-                chunk.append(example)
-            if chunk and (example is None or len(chunk) == CHUNK):
-                images = decode_images([image for image, _ in chunk], shape, what=what)
-                numbers = np.asarray([label for _, label in chunk], dtype="<i8")
-                for name, handle, data in (("pixels", pixels, images.tobytes()),
-                                           ("labels", labels, numbers.tobytes())):
-                    handle.write(data)
-                    hashes[name].update(data)
-                count += len(chunk)
-                chunk = []
-        for handle in (pixels, labels):
-            handle.flush()
-            os.fsync(handle.fileno())
+    labels: list[bytes] = []
+
+    def pixels() -> Iterable[bytes]:
+        nonlocal count
+        examples = iter(reader.iter_encoded(split))
+        while chunk := list(itertools.islice(examples, size)):
+            data = decode_images([image for image, _ in chunk], shape, what=what).tobytes()
+            numbers = np.asarray([label for _, label in chunk], dtype="<i8").tobytes()
+            hashes["pixels"].update(data)
+            hashes["labels"].update(numbers)
+            labels.append(numbers)
+            count += len(chunk)
+            yield data
+
+    _replace(folder / f"{stem}.pixels", pixels())
+    _replace(folder / f"{stem}.labels", labels)
     return {"stem": stem, "count": count, "shape": shape,
             **{name: {"size": (folder / f"{stem}.{name}").stat().st_size,
                       "sha256": digest.hexdigest()} for name, digest in hashes.items()}}
@@ -220,11 +241,27 @@ def find(staged_path: Path, split: str) -> DecodedSplit | None:
         if not path.is_file():
             raise DatasetError(f"decoded copy file {path} is missing (split {split}); "
                                f"delete {folder} and stage again")
-        size, digest = path.stat().st_size, sha256_file(path)
-        if (size, digest) != (entry[name]["size"], entry[name]["sha256"]):
+        if not _matches(path, entry[name]["size"], entry[name]["sha256"]):
             raise DatasetError(
                 f"decoded copy file {path} is corrupted: its size or SHA-256 does not match "
                 f"{folder / INDEX} (split {split}); delete {folder} and stage again")
     labels = np.fromfile(folder / f"{entry['stem']}.labels", dtype="<i8").astype(np.int64)
     return DecodedSplit(folder / f"{entry['stem']}.pixels", labels,
                         tuple(int(d) for d in entry["shape"]))
+
+
+_VERIFIED: set[tuple[Any, ...]] = set()  # (file state, expected size and digest) seen whole
+
+
+def _matches(path: Path, size: int, digest: str) -> bool:
+    """Whether ``path`` has ``size`` bytes hashing to ``digest``; hashed once while the
+    file's device, inode, size and change time stay the same."""
+    stat = path.stat()
+    key = (os.fspath(path), stat.st_dev, stat.st_ino, stat.st_size, stat.st_ctime_ns,
+           stat.st_mtime_ns, size, digest)
+    if key in _VERIFIED:
+        return True
+    if (stat.st_size, sha256_file(path)) != (size, digest):
+        return False
+    _VERIFIED.add(key)
+    return True

@@ -18,7 +18,8 @@ training and evaluation iterate, in these stages::
   every decoded image of the epoch before the first batch came out).
 * **decoded copy** (``dataset.decoded_copy``): the records are the split's raw pixels,
   written once by the stage step (``decoded_copy.py``), read as fixed-length records;
-  "decode" is a reshape. The stages are the same.
+  "decode" is a reshape. The stages are the same, but a records' shuffle buffer now
+  holds raw pixels (10,000 224x224 images: 1.5 GB; docs/datasets.md).
 * **resize** is not a stage here: every staged dataset has one image shape (staging's
   statistics refuse a dataset that does not), and the team's own images are resized
   once, when their partition is staged (``partition_shards.py``), not every epoch.

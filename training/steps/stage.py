@@ -15,7 +15,7 @@ from typing import Any
 from training.config import RunConfig
 from training.data import decoded_copy, staging
 from training.data.staging import StagedDataset
-from training.errors import ConfigError
+from training.errors import ConfigError, DatasetError
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,9 @@ def cached(cfg: RunConfig, store_options: Any = None) -> StagedDataset | None:
 def stage(cfg: RunConfig, staged_file: str | None = None) -> StagedDataset:
     """The run's staged dataset: the one a previous step handed over (``staged_file``,
     the JSON ``stage`` printed), verified, else staged now (cached by its inputs). With
-    ``dataset.decoded_copy``, its splits are also decoded once (``decoded_copy.py``)."""
+    ``dataset.decoded_copy``, staging now also decodes its splits once
+    (``decoded_copy.py``, on the staging worker's CPUs); a dataset handed over must
+    already have that copy (a training pod does not decode the whole split itself)."""
     if not staged_file:
         staged = staging.stage(cfg.dataset)
         _decoded_copy(cfg, staged)
@@ -47,7 +49,15 @@ def stage(cfg: RunConfig, staged_file: str | None = None) -> StagedDataset:
                           "leave --staged out")
     staging.verify(staged)
     log.info("using the staged dataset %s from %s", staged.key, staged_file)
-    _decoded_copy(cfg, staged)
+    if cfg.dataset.decoded_copy:
+        absent = decoded_copy.missing(Path(staged.path), _split_names(cfg, staged))
+        if absent:
+            raise DatasetError(
+                f"dataset.decoded_copy is true, but dataset {staged.key} handed over in "
+                f"--staged {staged_file} has no decoded copy of split(s) "
+                f"{', '.join(map(repr, absent))}: stage it with this config (python -m "
+                "training stage, or the DAG's stage_dataset task), or set "
+                "dataset.decoded_copy to false")
     return staged
 
 
