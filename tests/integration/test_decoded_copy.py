@@ -7,8 +7,9 @@ input's memory-mapped batches); the staged shards' manifest and fingerprint are
 untouched; a flipped byte and a missing file are refused by name; a stale copy is
 rewritten (over files renamed into place: a reader's memory map keeps the old); a copy
 written in small chunks is the same copy; a run, or a step handed a staged dataset, that
-asks for a copy that is not there is refused; and a JAX training
-run reading the copy ends with the same weights as one decoding the shards.
+asks for a copy that is not there is refused; a JAX training run reading the copy
+ends with the same weights as one decoding the shards; and a team's snapshot of landed
+images gets its copy too, read the same by both backends.
 """
 
 from __future__ import annotations
@@ -238,3 +239,32 @@ def test_the_cli_trains_and_evaluates_on_tensorflow_from_the_copy(staged, tmp_pa
     run = json.loads((Path(trained["run_dir"]) / "model" / "run.json").read_text())
     assert run["input"] == {"train": "host", "decoded_copy": True}
     assert last_json(proc.stdout, "evaluation")["test_accuracy"] > 0.8
+
+
+def test_a_teams_snapshot_gets_its_copy_and_both_backends_read_it(tmp_path):
+    from training.data.demo import write_demo_partitions
+    from training.data.landing import land
+
+    incoming, uri = tmp_path / "incoming", os.fspath(tmp_path / "landed")
+    write_demo_partitions(incoming, start="2026-11-28", days=2, drift_day=0)
+    for day in ("2026-11-28", "2026-11-29"):
+        land(incoming, uri, f"dt={day}")
+    cfg = RunConfig.from_flat({
+        "dataset": "pets", "data_source": "images", "data_uri": uri,
+        "data_until": "2026-11-29", "image_shape": "28x28x1", "decoded_copy": True,
+        "staging_dir": os.fspath(tmp_path / "staging")})
+    staged = stage.stage(cfg)
+    reader, builder = StagedArrays(staged), load_builder(staged)
+    splits = list(split_names(reader, 0.1).values())
+    assert decoded_copy.missing(Path(staged.path), splits) == []
+    for split in splits:
+        images, labels = reader.arrays(split)
+        assert len(labels) > 0
+        copy = decoded_copy.find(Path(staged.path), split)
+        np.testing.assert_array_equal(copy.images(), images)
+        np.testing.assert_array_equal(copy.labels, labels)
+        read = [make_dataset(builder, split, global_batch_size=32, shuffle=False, seed=0,
+                             cache="none", decoded=decoded) for decoded in (False, True)]
+        for a, b in zip(*read, strict=True):
+            for x, y in zip(a, b, strict=True):
+                np.testing.assert_array_equal(x.numpy(), y.numpy())
