@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+from collections.abc import Iterable
 from pathlib import Path
 
 CHUNK = 1024 * 1024  # bytes read or written at a time when streaming a file
@@ -31,6 +32,21 @@ def fsync_path(path: str | os.PathLike[str]) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def replace_file(path: str | os.PathLike[str], chunks: Iterable[bytes]) -> None:
+    """Write ``chunks`` to ``<path>.tmp``, flush it to disk, rename it over ``path`` and
+    flush the rename: a crash leaves the old file or the new one, never a part, and a
+    reader that still holds the old file (a memory map) keeps it whole."""
+    path = Path(path)
+    temporary = path.with_name(path.name + ".tmp")
+    with open(temporary, "wb") as handle:
+        for chunk in chunks:
+            handle.write(chunk)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temporary, path)
+    fsync_path(path.parent)
 
 
 # --- a directory replaced whole ---------------------------------------------------------

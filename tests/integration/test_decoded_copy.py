@@ -169,13 +169,15 @@ def test_a_copy_of_other_content_is_stale_and_written_again(staged, tmp_path):
     index_path = path / "decoded" / "index.json"
     index = json.loads(index_path.read_text())
     mapped = decoded_copy.find(path, _splits(staged)[0]).images()  # a reader of the old
-    old = np.array(mapped)
+    old, old_file = np.array(mapped), os.stat(mapped.filename)
     index_path.write_text(json.dumps({**index, "fingerprint": "0" * 16}))
     assert decoded_copy.find(path, _splits(staged)[0]) is None
     assert decoded_copy.missing(path, _splits(staged)) == _splits(staged)
     assert decoded_copy.ensure(path, _splits(staged)) == _splits(staged)
     assert json.loads(index_path.read_text())["fingerprint"] == staged.fingerprint
-    np.testing.assert_array_equal(mapped, old)  # renamed over: its old file is still whole
+    new_file = os.stat(mapped.filename)  # a new file renamed over, not the old rewritten
+    assert (new_file.st_dev, new_file.st_ino) != (old_file.st_dev, old_file.st_ino)
+    np.testing.assert_array_equal(mapped, old)  # the old file, still mapped, is whole
     for split in _splits(staged):
         np.testing.assert_array_equal(
             decoded_copy.find(path, split).images(),

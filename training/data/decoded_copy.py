@@ -52,7 +52,7 @@ from typing import Any
 import numpy as np
 
 from training.errors import DatasetError
-from training.files import sha256_file
+from training.files import replace_file, sha256_file
 from training.layout import STAGING_MANIFEST
 
 log = logging.getLogger(__name__)
@@ -156,26 +156,9 @@ def ensure(path: Path, splits: Iterable[str]) -> list[str]:
             log.info("decoded copy of %s split %s: %d images, %.1f MB", reader.name, split,
                      index["splits"][split]["count"],
                      index["splits"][split]["pixels"]["size"] / 2**20)
-        _replace(path / FOLDER / INDEX,  # written last: the copy is complete
-                 [json.dumps(index, indent=1, sort_keys=True).encode()])
+        replace_file(path / FOLDER / INDEX,  # written last: the copy is complete
+                     [json.dumps(index, indent=1, sort_keys=True).encode()])
     return todo
-
-
-def _replace(path: Path, chunks: Iterable[bytes]) -> None:
-    """Write ``chunks`` to ``path`` through ``path.tmp``, synced, renamed over it, and
-    the rename synced: a crash leaves the old file or the new one, never a part."""
-    temporary = path.with_name(path.name + ".tmp")
-    with open(temporary, "wb") as handle:
-        for chunk in chunks:
-            handle.write(chunk)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temporary, path)
-    folder = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(folder)
-    finally:
-        os.close(folder)
 
 
 def _stem(split: str) -> str:
@@ -209,8 +192,8 @@ def _write_split(reader: Any, split: str, folder: Path) -> dict[str, Any]:
             count += len(chunk)
             yield data
 
-    _replace(folder / f"{stem}.pixels", pixels())
-    _replace(folder / f"{stem}.labels", labels)
+    replace_file(folder / f"{stem}.pixels", pixels())
+    replace_file(folder / f"{stem}.labels", labels)
     return {"stem": stem, "count": count, "shape": shape,
             **{name: {"size": (folder / f"{stem}.{name}").stat().st_size,
                       "sha256": digest.hexdigest()} for name, digest in hashes.items()}}
@@ -255,10 +238,10 @@ _VERIFIED: set[tuple[Any, ...]] = set()  # (file state, expected size and digest
 
 def _matches(path: Path, size: int, digest: str) -> bool:
     """Whether ``path`` has ``size`` bytes hashing to ``digest``; hashed once while the
-    file's device, inode, size and change time stay the same."""
+    file's device, inode, size and change time (any write changes it) stay the same."""
     stat = path.stat()
     key = (os.fspath(path), stat.st_dev, stat.st_ino, stat.st_size, stat.st_ctime_ns,
-           stat.st_mtime_ns, size, digest)
+           size, digest)
     if key in _VERIFIED:
         return True
     if (stat.st_size, sha256_file(path)) != (size, digest):
