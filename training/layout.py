@@ -30,6 +30,7 @@ holds links to its partitions' shards, kept under ``<staging_dir>/<name>/partiti
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from pathlib import Path
@@ -43,6 +44,22 @@ NAME_PATTERN = r"^(?!.*\.\.)[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 NAME_WORDS = ("1 to 128 letters, digits, '.', '_' or '-', starting with a letter or digit, "
               "without '..'")
 _NAME_RE = re.compile(NAME_PATTERN)
+
+
+def as_name(text: str) -> str:
+    """``text`` made to follow the name rule, the same text for the same input: other
+    characters become '-', '..' becomes '.', and a text cut to 128 characters gets a hash
+    of the whole appended, so two long texts never share a name. A valid name is
+    returned as it is. (Run ids from Airflow's, and the default model name and run id
+    of a ``package.module:function`` model.)"""
+    if _NAME_RE.fullmatch(text):
+        return text
+    cleaned = re.sub(r"[^A-Za-z0-9._-]+", "-", text)
+    cleaned = re.sub(r"\.{2,}", ".", cleaned).lstrip("-._").rstrip("-.") or "run"
+    if len(cleaned) > 128:
+        digest = hashlib.sha256(text.encode()).hexdigest()[:8]
+        cleaned = f"{cleaned[:119].rstrip('-._')}-{digest}"
+    return cleaned
 
 
 def validate_name(field: str, value: Any) -> str:

@@ -40,12 +40,22 @@ _held: dict[str, int] = {}  # lock path -> nesting depth, in this process
 
 
 def _inherited() -> set[str]:
-    return set(filter(None, os.environ.get(HELD_ENV, "").split(os.pathsep)))
+    """The claims a parent handed down: a JSON list of lock paths (a path may hold any
+    character but NUL, ``os.pathsep`` included, so no separator would do)."""
+    text = os.environ.get(HELD_ENV, "")
+    try:
+        paths = json.loads(text) if text else []
+    except ValueError:
+        paths = None
+    if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
+        raise BusyError(f"{HELD_ENV} must be a JSON list of lock paths, got {text[:200]!r}: "
+                        "it is set by the process that holds the claims; unset it")
+    return set(paths)
 
 
 def claimed_env() -> dict[str, str]:
     """Environment for a child that works under this process's claims."""
-    return {HELD_ENV: os.pathsep.join(sorted(set(_held) | _inherited()))}
+    return {HELD_ENV: json.dumps(sorted(set(_held) | _inherited()))}
 
 
 @contextlib.contextmanager

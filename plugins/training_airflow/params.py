@@ -26,7 +26,6 @@ components when a task runs.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from collections.abc import Mapping
@@ -38,6 +37,7 @@ from training.config import DEVICE_PATTERN, FieldSpec, RunConfig, flat_fields, p
 from training.config.run import check_known
 from training.deployment import Deployment
 from training.errors import ConfigError
+from training.layout import as_name
 
 SECTION_TITLES = {
     "dataset": "Dataset",
@@ -126,13 +126,8 @@ def dag_params() -> dict[str, Param]:
 
 def run_id_for(airflow_run_id: str) -> str:
     """A version id that follows ``training.layout``'s name rule, derived from the Airflow
-    run id (stable across retries): other characters become '-', '..' becomes '.'."""
-    cleaned = re.sub(r"[^A-Za-z0-9._-]+", "-", airflow_run_id)
-    cleaned = re.sub(r"\.{2,}", ".", cleaned).strip("-.") or "run"
-    if len(cleaned) > 128:  # keep two long ids apart: cut, then a hash of the original
-        digest = hashlib.sha256(airflow_run_id.encode()).hexdigest()[:8]
-        cleaned = f"{cleaned[:119]}-{digest}"
-    return cleaned
+    run id (stable across retries): ``training.layout.as_name``."""
+    return as_name(airflow_run_id)
 
 
 def config_for_run(params: Mapping[str, Any], airflow_run_id: str,

@@ -157,3 +157,23 @@ def test_a_configuration_error_in_train_fails_at_once_with_the_childs_error_line
     assert expected in out + err
     # The CUDA probing of TensorFlow on a CPU-only host does not reach the task log.
     assert "cuInit" not in out + err and "Could not find cuda drivers" not in out + err
+
+
+def test_a_module_function_model_trains_publishes_and_promotes_through_the_dag(
+        dag, monkeypatch):
+    # A team's model by reference, on PYTHONPATH, with no model_name: the default name
+    # '<dataset>-<model>' holds the reference's ':', and must still be a valid name.
+    from pathlib import Path
+
+    example = str(Path(__file__).resolve().parents[2] / "examples" / "tiny_model")
+    monkeypatch.syspath_prepend(example)  # this process checks the config (stage_dataset)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+        filter(None, [example, os.environ.get("PYTHONPATH", "")])))  # train's child
+    run = dag.test(run_conf={"model": "tiny_model:tiny_convnet", "model_args": {"filters": 2},
+                             "epochs": 1, "min_accuracy": 0})
+    states, xcoms = _states_and_xcoms(run.run_id)
+    assert str(run.state) == "success", states
+    assert set(states.values()) == {"success"}, states
+    published = xcoms[("publish", "return_value")]
+    assert published["model_name"] == "digits-tiny_model-tiny_convnet"
+    assert xcoms[("promote", "return_value")]["promoted"] is True

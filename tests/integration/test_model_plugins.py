@@ -74,6 +74,37 @@ def test_a_module_function_reference_trains_without_installing(tmp_path):
     assert config["model"]["args"] == {"filters": 2}
 
 
+@pytest.mark.parametrize("how", [
+    [],  # `run` trains in its own process (TensorFlow)
+    # `run` stages in TensorFlow's process and trains in a JAX child under its claim of
+    # the run; an output directory holding ':' (os.pathsep) checks the claim hand-off
+    ["--backend", "jax", "--output-dir", "runs:jax"],
+    ["--workers", "2"],  # the local multi-worker launcher's worker processes
+], ids=["run", "run-jax", "run-workers"])
+def test_a_module_function_reference_runs_publishes_and_promotes_by_every_path(tmp_path, how):
+    # No --model-name: the default '<dataset>-<model>' must be a valid name for it.
+    proc = cli(tmp_path, "run", "--model", "tiny_model:tiny_convnet", "--model-args",
+               '{"filters": 2}', *FAST, *how, env={"PYTHONPATH": str(EXAMPLE)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    promotion = last_json(proc.stdout, "promotion")["promotion"]
+    assert promotion["model_name"] == "digits-tiny_model-tiny_convnet"
+    assert promotion["promoted"] is True
+    stored = (tmp_path / "var" / "store" / "models" / "digits-tiny_model-tiny_convnet"
+              / "versions" / promotion["version"])
+    config = json.loads((stored / "config.json").read_text())
+    assert config["model"]["name"] == "tiny_model:tiny_convnet"
+    assert config["runtime"]["backend"] == ("jax" if "jax" in how else "tensorflow")
+
+
+def test_a_name_refused_is_refused_before_anything_is_staged(tmp_path):
+    proc = cli(tmp_path, "run", "--model", "tiny_model:tiny_convnet", "--model-name",
+               "mine:v2", env={"PYTHONPATH": str(EXAMPLE)})
+    assert proc.returncode == 2
+    assert one_error_line(proc).startswith(
+        "error: storage.model_name must be empty, or a registry name of 1 to 128")
+    assert not (tmp_path / "var").exists() and not (tmp_path / "runs").exists()
+
+
 @pytest.mark.parametrize(("name", "args", "message"), [
     ("support.bad_models:three_outputs", {},
      "model 'support.bad_models:three_outputs' outputs (None, 3); the dataset has 10 "

@@ -28,8 +28,8 @@ from training.config.sections import (
     StorageConfig,
     ValidationConfig,
 )
-from training.errors import ConfigError, shown
-from training.layout import CONFIG
+from training.errors import ConfigError, RegistryError, shown
+from training.layout import CONFIG, as_name, validate_name
 
 
 def check_across(cfg: RunConfig) -> None:
@@ -67,6 +67,14 @@ def check_across(cfg: RunConfig) -> None:
             f"{runtime.accelerator!r}: the TPU would be ignored; set runtime.accelerator "
             "to 'tpu' to train on it, or leave runtime.tpu empty")
     check_backend(runtime)  # training.config.backend_rules
+    # The names a run is stored under, derived or given: refused here, before anything
+    # is staged, not by the registry after training.
+    for what, name in (("model name (storage.model_name)", cfg.model_name),
+                       ("run id (storage.run_id)", cfg.run_id)):
+        try:
+            validate_name(what, name)
+        except RegistryError as exc:
+            raise ConfigError(str(exc)) from None
 
 
 def check_known(keys: Iterable[str], allowed: Collection[str], noun: str,
@@ -254,13 +262,15 @@ class RunConfig:
     @property
     def run_id(self) -> str:
         """The run's id: given, or derived from the config so a retry lands in place."""
-        return self.storage.run_id or (
-            f"{self.dataset.name.replace('/', '-')}-{self.model.name}-{self.fingerprint()}"
-        )
+        return self.storage.run_id or as_name(
+            f"{self.dataset.name.replace('/', '-')}-{self.model.name}-{self.fingerprint()}")
 
     @property
     def model_name(self) -> str:
-        return self.storage.model_name or f"{self.dataset.name.replace('/', '-')}-{self.model.name}"
+        """Given, or ``<dataset>-<model>`` made a valid name (a ``package.module:function``
+        model's ':' becomes '-')."""
+        return self.storage.model_name or as_name(
+            f"{self.dataset.name.replace('/', '-')}-{self.model.name}")
 
     def run_dir(self) -> Path:
         return Path(self.storage.output_dir) / self.run_id
