@@ -58,7 +58,14 @@ class BusyError(TrainingError):
 
 class LaunchError(TrainingError, RuntimeError):
     """Training ended without a model: a worker or the training process exited non-zero,
-    a Kubernetes Job failed, or a launcher could not start it."""
+    a Kubernetes Job failed, or a launcher could not start it. ``exit_status``, when
+    known, is the status the command line ends with (the child's, as a shell reports it:
+    143 after a SIGTERM passed on to it)."""
+
+    def __init__(self, message: str, exit_status: int | None = None) -> None:
+        super().__init__(message)
+        if exit_status is not None:
+            self.exit_status = exit_status
 
 
 class WorkersFailed(LaunchError):
@@ -66,8 +73,7 @@ class WorkersFailed(LaunchError):
     launcher ends with (the failed worker's, as ``training.launch.local`` reports it)."""
 
     def __init__(self, message: str, exit_status: int) -> None:
-        super().__init__(message)
-        self.exit_status = exit_status
+        super().__init__(message, exit_status)
 
 
 class ReportError(TrainingError):

@@ -152,7 +152,7 @@ def test_a_configuration_error_in_train_fails_at_once_with_the_childs_error_line
                                                    TaskInstance.task_id == "train").one()
         assert train.try_number == 1
     out, err = capfd.readouterr()
-    expected = ("training refused its configuration (exit 2, not retried): error: "
+    expected = ("training refused its configuration (exit 2, not retried): "
                 "runtime.num_gpus asks for 2 GPUs but 0 are visible")
     assert expected in out + err
     # The CUDA probing of TensorFlow on a CPU-only host does not reach the task log.

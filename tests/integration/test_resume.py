@@ -1,6 +1,7 @@
 """Resume after a crash or preemption: real ``python -m training train`` processes, real
 signals (SIGKILL after an epoch, SIGTERM inside one), then a re-run of the same command,
-on either Keras backend (`runtime.backend`).
+on either Keras backend (`runtime.backend`); and SIGTERM to ``python -m training run
+--backend jax``, which passes it on to its JAX training child.
 
 The plateau config (lr 0.05, EarlyStopping patience 3, ReduceLROnPlateau patience 2)
 makes EarlyStopping and ReduceLROnPlateau count within a few epochs, so the counters
@@ -46,14 +47,15 @@ def _cfg(staged, tmp_path: Path, name: str, **flat) -> tuple[RunConfig, Path]:
 
 
 def _run(config: Path, on_line: Callable[[subprocess.Popen, str], None] | None = None,
-         hang_guard_s: float = 600) -> tuple[int, list[str]]:
-    """``python -m training train --config FILE`` as the Airflow operator runs it;
-    (exit status, output lines). ``on_line(proc, line)`` sees every line as it comes.
-    A process still running after ``hang_guard_s`` is killed (a hang fails the test on
-    its exit status; nothing here measures time)."""
+         hang_guard_s: float = 600, command: str = "train",
+         env: dict[str, str] | None = None) -> tuple[int, list[str]]:
+    """``python -m training COMMAND --config FILE`` (``train``: as the Airflow operator
+    runs it); (exit status, output lines). ``on_line(proc, line)`` sees every line as it
+    comes. A process still running after ``hang_guard_s`` is killed (a hang fails the
+    test on its exit status; nothing here measures time)."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "2",
-           "CUDA_VISIBLE_DEVICES": ""}
-    proc = subprocess.Popen([sys.executable, "-m", "training", "train", "--config",
+           "CUDA_VISIBLE_DEVICES": "", **(env or {})}
+    proc = subprocess.Popen([sys.executable, "-m", "training", command, "--config",
                              os.fspath(config)], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env=env,
                             start_new_session=True)
@@ -227,6 +229,48 @@ def test_sigterm_inside_an_epoch_writes_a_backup_exits_143_and_a_rerun_completes
         state["history"]["metrics"]["loss"][0], rel=1e-6)
     assert (cfg.run_dir() / "model" / "model.keras").exists()
     assert not backup.exists()
+
+
+def test_sigterm_to_run_reaches_its_jax_child_which_backs_up_and_a_rerun_resumes_mid_epoch(
+    staged_digits, tmp_path
+):
+    # `run` stages, validates and evaluates in TensorFlow's process and trains in a JAX
+    # child of its own process group: the signal goes to `run` alone, not to the group.
+    cfg, config = _cfg(staged_digits, tmp_path, "run", epochs=2, batch_size=8,
+                       steps_per_execution=1, backend="jax",
+                       store_uri=os.fspath(tmp_path / "store"))
+    backup = cfg.run_dir() / "backup"
+    scratch = tmp_path / "scratch"  # the system temp dir: the child's train-* dir
+    scratch.mkdir()
+    env = {"TMPDIR": os.fspath(scratch)}
+    sent: list[int] = []
+
+    def terminate_in_epoch_2(proc: subprocess.Popen, line: str) -> None:
+        if not sent and line.startswith("Epoch 2/"):
+            proc.send_signal(signal.SIGTERM)  # `run`'s pid only
+            sent.append(proc.pid)
+
+    code, lines = _run(config, terminate_in_epoch_2, command="run", env=env)
+    assert sent, tail(lines)
+    assert code == EXIT_CODE == 143, tail(lines)  # the child's status
+    assert any("SIGTERM received: stopping at the end of this batch" in line
+               for line in lines), tail(lines)
+    assert lines[-1] == ("error: training exited with code 143 after the SIGTERM passed "
+                         "on to it: no error line; see the log above"), tail(lines)
+    assert not (cfg.run_dir() / "model" / "model.keras").exists()
+    state = json.loads((backup / STATE_FILE).read_text())
+    mid = state["mid_epoch"]
+    assert mid["epoch"] == 2 and mid["signal"] == "SIGTERM" and mid["batches_done"] >= 1
+    assert list(scratch.glob("train-*")) == []
+
+    # The same `run` again resumes inside epoch 2 from that backup, then goes on.
+    code, lines = _run(config, command="run", env=env)
+    assert code == 0, tail(lines)
+    assert _epoch_lines(lines) == ["Epoch 2/2"], tail(lines)
+    assert _restored(lines)["mid_epoch"]["batches_done"] == mid["batches_done"]
+    assert any(line.startswith('{"promotion"') for line in lines), tail(lines)
+    assert json.loads((cfg.run_dir() / "model" / "history.json").read_text())["epochs"] == [1, 2]
+    assert not backup.exists() and list(scratch.glob("train-*")) == []
 
 
 def _tiny_fit(backup_dir: Path, epochs: int, crash_after: int | None = None,

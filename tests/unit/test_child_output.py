@@ -21,8 +21,8 @@ REAL = [
 
 def test_a_child_process_noise_is_dropped_from_the_task_log_and_the_rest_passes():
     """``training.launch.child.Child``: how a child's output (TensorFlow loads only in
-    children) reaches the task log; its exit code, its ``error:`` line and its JSON
-    lines."""
+    children) reaches the task log; its exit code, its ``error:`` line's message and
+    its JSON lines."""
     from training.launch.child import Child
 
     lines = [*NOISE[:1], REAL[0], *NOISE[1:], REAL[1], '{"staged": {"key": "k"}}',
@@ -36,7 +36,7 @@ def test_a_child_process_noise_is_dropped_from_the_task_log_and_the_rest_passes(
     logged: list[str] = []
     ended = Child([sys.executable, "-c", script], env={}, cwd=".").run(logged.append)
     assert (ended.code, ended.error, ended.results) == (
-        3, "error: the last word", {"staged": {"key": "k"}})
+        3, "the last word", {"staged": {"key": "k"}})  # the message, without its prefix
     assert logged == [REAL[0], *lines[-3:]]  # every line but the noise, in order
 
 

@@ -11,15 +11,20 @@ environment only, never on the command line.
 ``TrainingCommand`` has the launchers' interface: ``run`` starts it (``child.Child``: its
 own process group, its lines streamed without TensorFlow's CUDA noise) and returns
 what it printed as JSON; ``stop`` (a task killed or timed out) sends SIGTERM to its
-group. Its exit code decides: 0 returns, 2 raises ``ConfigError`` (a configuration no
-retry can fix), anything else ``LaunchError``; each message carries the child's
-``error:`` line.
+group. ``forward_signals`` (``python -m training run --backend jax``, whose JAX training
+is such a child) passes SIGTERM and SIGINT to this process on to the child while it
+runs (``Child``). Its exit code decides: 0 returns, 2 raises ``ConfigError`` (a
+configuration no retry can fix), anything else ``LaunchError`` whose ``exit_status`` is
+the child's as a shell reports it (143 after a SIGTERM), the status a command line
+calling it ends with (``training.entry.run_command``); each message carries the
+message of the child's ``error:`` line.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -27,6 +32,7 @@ from typing import Any
 
 from training import backend
 from training.errors import CONFIG_ERROR_EXIT, ConfigError, LaunchError
+from training.launch import processes
 from training.launch.child import Child
 
 
@@ -38,7 +44,7 @@ class TrainingCommand:
                  staged: Mapping[str, Any] | None = None,
                  data_stats: Mapping[str, Any] | None = None, flags: Sequence[str] = (),
                  env: Mapping[str, str] | None = None, cwd: str | None = None,
-                 python: str = sys.executable) -> None:
+                 python: str = sys.executable, forward_signals: bool = False) -> None:
         self.command, self.config = command, os.fspath(config)
         self.output_dir, self.run_id = Path(output_dir), run_id
         self.inputs = {"--staged": staged, "--data-stats": data_stats}
@@ -46,6 +52,7 @@ class TrainingCommand:
         self.env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1",
                     **backend.env(self.backend()), **(env or {})}
         self.cwd = cwd or os.getcwd()
+        self.forward_signals = forward_signals
         self.child: Child | None = None
         self._argv: list[str] | None = None
 
@@ -80,15 +87,19 @@ class TrainingCommand:
 
     def run(self, on_line: Callable[[str], None]) -> dict[str, Any]:
         """Run it to its end, its lines to ``on_line``; what it printed as JSON."""
-        self.child = Child(self.argv(), self.env, self.cwd)
+        self.child = Child(self.argv(), self.env, self.cwd,
+                           forward_signals=self.forward_signals)
         ended = self.child.run(on_line)
         what = "training" if self.command == "train" else f"`{self.command}`"
         if ended.code == CONFIG_ERROR_EXIT:
             raise ConfigError(f"{what} refused its configuration (exit {ended.code}, not "
                               f"retried): {ended.error or 'no error line'}")
         if ended.code != 0:
-            raise LaunchError(f"{what} exited with code {ended.code}: "
-                              f"{ended.error or 'no error line; see the log above'}")
+            after = "".join(f" after the {signal.Signals(s).name} passed on to it"
+                            for s in ended.forwarded[:1])
+            raise LaunchError(f"{what} exited with code {ended.code}{after}: "
+                              f"{ended.error or 'no error line; see the log above'}",
+                              processes.shell_status(ended.code))
         return ended.results
 
     def running(self) -> bool:

@@ -15,7 +15,8 @@ naming every worker on a free 127.0.0.1 port and its own task index, so
   finish never wrote ``model/model.keras`` (it is written after ``model.fit`` returns).
 * Signals: SIGTERM, SIGINT or SIGHUP to the launcher stop the workers the same way
   (when ``run`` is called from the main thread); workers also get SIGTERM from the
-  kernel if the launcher dies (``PR_SET_PDEATHSIG`` on Linux).
+  kernel if the launcher dies (``PR_SET_PDEATHSIG`` on Linux). Both are
+  ``training.launch.processes``, which ``child.Child`` uses too.
 * Staging: the dataset is staged once before any worker starts (``staged`` given, or a
   ``python -m training stage`` subprocess), so workers only read the cache.
 * Agreement: each worker prints its final weights digest; the launcher fails the run
@@ -31,12 +32,9 @@ import contextlib
 import json
 import logging
 import os
-import shutil
-import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -53,9 +51,6 @@ from training.locks import claimed_env
 from training.train import cluster
 
 log = logging.getLogger(__name__)
-
-_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-
 
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
     """``count`` distinct ports free on ``host`` now (all held open while choosing)."""
@@ -134,7 +129,8 @@ def run(
     The workers' environment is this process's, ``TF_CONFIG`` replaced; their prefixed
     logs go to ``sys.stdout``. The launch directory (config, staged dataset, each
     worker's ``TMPDIR``) is made in the system temp dir and removed at the end, so a
-    killed non-chief's temporary run directory goes with it.
+    killed non-chief's temporary run directory goes with it; one a SIGKILLed launcher
+    left is removed by the next launch (``processes.scratch_dir``).
 
     Test seams (no production caller sets them; each drives the real supervisor):
     timeout_s stops every worker after this long and returns 124, so a hung collective
@@ -156,7 +152,6 @@ def run(
     if cfg.runtime.accelerator == "cpu":
         base_env.setdefault("CUDA_VISIBLE_DEVICES", "")  # N workers must not share GPUs
     run_dir = os.fspath(cfg.run_dir())
-    launch_dir = Path(tempfile.mkdtemp(prefix="launch-"))
     procs: list[subprocess.Popen] = []
     readers: list[threading.Thread] = []
     lock = threading.Lock()
@@ -164,71 +159,63 @@ def run(
     trained: dict[str, Any] = {}
     stop_signal: list[int] = []
 
-    def handle(signum: int, _frame: Any) -> None:
-        stop_signal.append(signum)
+    with processes.scratch_dir("launch-") as launch_dir, \
+            processes.on_stop_signals(stop_signal.append):
+        try:
+            config_path = cfg.write(launch_dir)
+            if staged is None:
+                staged_dict = stage_subprocess(config_path, python,
+                                               {**base_env, **backend.env("tensorflow")})
+            else:
+                staged_dict = staged if isinstance(staged, dict) else staged.to_dict()
+            staged_path = launch_dir / "staged.json"
+            staged_path.write_text(json.dumps(staged_dict))
+            hosts = [f"127.0.0.1:{port}" for port in free_ports(workers)]
+            command = [python, "-m", "training.launch.worker", "--config",
+                       os.fspath(config_path), "--staged", os.fspath(staged_path)]
+            if report_dir is not None:
+                command += ["--report-dir", os.fspath(report_dir)]
 
-    previous = {}
-    if threading.current_thread() is threading.main_thread():
-        for sig in _STOP_SIGNALS:
-            previous[sig] = signal.signal(sig, handle)
-    try:
-        config_path = cfg.write(launch_dir)
-        if staged is None:
-            staged_dict = stage_subprocess(config_path, python,
-                                           {**base_env, **backend.env("tensorflow")})
-        else:
-            staged_dict = staged if isinstance(staged, dict) else staged.to_dict()
-        staged_path = launch_dir / "staged.json"
-        staged_path.write_text(json.dumps(staged_dict))
-        hosts = [f"127.0.0.1:{port}" for port in free_ports(workers)]
-        command = [python, "-m", "training.launch.worker", "--config",
-                   os.fspath(config_path), "--staged", os.fspath(staged_path)]
-        if report_dir is not None:
-            command += ["--report-dir", os.fspath(report_dir)]
+            def pump(index: int, stream: TextIO) -> None:
+                for raw in stream:
+                    line = raw.rstrip("\n")
+                    if DIGEST_MARK in line:
+                        digests[index] = line.split(DIGEST_MARK, 1)[1].split()[0]
+                    if index == 0 and line.startswith(TRAINED_PREFIX):
+                        with contextlib.suppress(ValueError):
+                            trained.update(json.loads(line)["trained"])
+                    with lock:
+                        out.write(f"[worker {index}] {line}\n")
+                        out.flush()
+                    if on_line is not None:
+                        on_line(index, line)
 
-        def pump(index: int, stream: TextIO) -> None:
-            for raw in stream:
-                line = raw.rstrip("\n")
-                if DIGEST_MARK in line:
-                    digests[index] = line.split(DIGEST_MARK, 1)[1].split()[0]
-                if index == 0 and line.startswith(TRAINED_PREFIX):
-                    with contextlib.suppress(ValueError):
-                        trained.update(json.loads(line)["trained"])
-                with lock:
-                    out.write(f"[worker {index}] {line}\n")
-                    out.flush()
-                if on_line is not None:
-                    on_line(index, line)
-
-        log.info("launching %d workers on 127.0.0.1 ports %s; chief run dir %s", workers,
-                 ", ".join(h.rsplit(":", 1)[1] for h in hosts), run_dir)
-        for index in range(workers):
-            if stop_signal:
-                break
-            tmp = launch_dir / f"tmp-{index}"  # fit.train's non-chief run dir lands here
-            tmp.mkdir()
-            env = {**base_env, cluster.ENV: cluster.build(hosts, index),
-                   "TMPDIR": os.fspath(tmp)}
-            proc = processes.start(command, env)
-            procs.append(proc)
-            reader = threading.Thread(target=pump, args=(index, proc.stdout),
-                                      name=f"worker-{index}-log", daemon=True)
-            reader.start()
-            readers.append(reader)
-        if on_start is not None:
-            on_start(list(procs))
-        returncode, failed, reason = processes.supervise(procs, workers, stop_signal,
-                                                         timeout_s)
-        if returncode != 0:
-            processes.stop(procs, grace_s)
-    finally:
-        if procs:
-            processes.stop(procs, grace_s)
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        for reader in readers:
-            reader.join(timeout=5)
-        shutil.rmtree(launch_dir, ignore_errors=True)
+            log.info("launching %d workers on 127.0.0.1 ports %s; chief run dir %s",
+                     workers, ", ".join(h.rsplit(":", 1)[1] for h in hosts), run_dir)
+            for index in range(workers):
+                if stop_signal:
+                    break
+                tmp = launch_dir / f"tmp-{index}"  # fit.train's non-chief run dir lands here
+                tmp.mkdir()
+                env = {**base_env, cluster.ENV: cluster.build(hosts, index),
+                       "TMPDIR": os.fspath(tmp)}
+                proc = processes.start(command, env)
+                procs.append(proc)
+                reader = threading.Thread(target=pump, args=(index, proc.stdout),
+                                          name=f"worker-{index}-log", daemon=True)
+                reader.start()
+                readers.append(reader)
+            if on_start is not None:
+                on_start(list(procs))
+            returncode, failed, reason = processes.supervise(procs, workers, stop_signal,
+                                                             timeout_s)
+            if returncode != 0:
+                processes.stop(procs, grace_s)
+        finally:
+            if procs:
+                processes.stop(procs, grace_s)
+            for reader in readers:
+                reader.join(timeout=5)
     if returncode == 0 and len(set(digests.values())) > 1:
         returncode, reason = 1, f"workers ended with different weights: {digests}"
     if returncode == 0:

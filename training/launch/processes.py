@@ -1,39 +1,102 @@
-"""Child processes the launcher supervises: start, watch for the first failure, stop.
+"""Child processes a launcher supervises: start, stop signals passed on, scratch space.
 
-Each worker runs in its own process group (``start_new_session``), so stopping it stops
-whatever it started too; on Linux it also gets SIGTERM from the kernel if the launcher
-dies (``PR_SET_PDEATHSIG``). ``supervise`` waits until every process finished, one
-failed, the launcher got a stop signal or the deadline passed; ``stop`` sends SIGTERM to
-every process group still running and SIGKILL to what is left after the grace period.
+One mechanism for every launcher here (``training.launch.local``'s workers and
+``training.launch.child.Child``, the one training child of ``python -m training run
+--backend jax`` and of an Airflow task):
+
+* ``start``: each child runs in its own process group (``start_new_session``), so
+  stopping it stops whatever it started too; on Linux it also gets SIGTERM from the
+  kernel if the thread that started it dies (``PR_SET_PDEATHSIG``), a SIGKILLed
+  launcher included.
+* ``on_stop_signals``: SIGTERM, SIGINT and SIGHUP to the launcher call a handler (the
+  local launcher stops its workers, ``Child`` passes the signal on) for the duration of
+  a ``with`` block, in the main thread only (Python delivers signals there; elsewhere,
+  Airflow's task runner owns them), the previous handlers put back at the end.
+* ``supervise`` waits until every process finished, one failed, the launcher got a stop
+  signal or the deadline passed; ``stop`` sends SIGTERM to every process group still
+  running and SIGKILL to what is left after the grace period.
+* ``scratch_dir``: a launcher's directory in the system temp dir (the child's config,
+  the staged dataset's description, the workers' ``TMPDIR``), removed at the end. A
+  process killed by SIGKILL cannot remove its own, so its owner holds an ``flock`` on
+  ``owner.lock`` inside while it lives (the kernel drops it when the process dies,
+  however it dies) and the next ``scratch_dir`` of the same prefix removes every one
+  whose lock is free. No pid is compared: a reused pid or another pid namespace
+  sharing the temp dir cannot make a live directory look dead.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+OWNER_LOCK = "owner.lock"  # in a scratch_dir: flocked by its owner while it lives
 
 
-def _pdeathsig() -> None:  # runs in the child between fork and exec
-    with contextlib.suppress(Exception):
+def _pdeathsig() -> Callable[[], None] | None:
+    """What the child runs between fork and exec: ``prctl(PR_SET_PDEATHSIG, SIGTERM)``.
+    libc is loaded here, in the parent: the child of a threaded parent (an Airflow task)
+    must not import anything between fork and exec."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
         import ctypes
 
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        prctl = ctypes.CDLL("libc.so.6", use_errno=True).prctl
+    except (ImportError, OSError, AttributeError):
+        return None
+
+    parent, sigterm = os.getpid(), int(signal.SIGTERM)
+
+    def set_pdeathsig() -> None:
+        prctl(1, sigterm)  # 1: PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the starter died before the line above
+            os.kill(os.getpid(), sigterm)
+
+    return set_pdeathsig
 
 
-def start(command: Sequence[str], env: dict[str, str]) -> subprocess.Popen:
-    """Start ``command`` in its own process group; stdout and stderr as one text pipe."""
+def start(command: Sequence[str], env: dict[str, str], *, cwd: str | None = None,
+          text: bool = True) -> subprocess.Popen:
+    """Start ``command`` in its own process group, SIGTERM'd by the kernel if its
+    starter dies; stdout and stderr as one pipe (text lines, or bytes)."""
+    encoding: dict[str, Any] = {"text": True, "errors": "replace", "bufsize": 1} if text else {}
     return subprocess.Popen(
-        list(command), env=env,
+        list(command), env=env, cwd=cwd,
         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True, errors="replace", bufsize=1,
         start_new_session=True,  # its own process group: stopped as one
-        preexec_fn=_pdeathsig if sys.platform.startswith("linux") else None,
+        preexec_fn=_pdeathsig(), **encoding,
     )
+
+
+@contextlib.contextmanager
+def on_stop_signals(handler: Callable[[int], None]) -> Iterator[bool]:
+    """While the block runs, SIGTERM, SIGINT and SIGHUP call ``handler(signum)`` instead
+    of their usual effect; the previous handlers are put back at the end. Yields
+    whether they were installed: only in the main thread, where Python runs handlers
+    (a launcher called from another thread leaves the signals to their owner)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield False
+        return
+    previous = {}
+    try:
+        for sig in STOP_SIGNALS:
+            previous[sig] = signal.signal(sig, lambda signum, _frame: handler(signum))
+        yield True
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
 
 
 def shell_status(code: int) -> int:
@@ -91,3 +154,41 @@ def stop(procs: list[subprocess.Popen], grace_s: float) -> None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+def remove_abandoned(prefix: str) -> list[Path]:
+    """Remove the ``scratch_dir``s of ``prefix`` whose owner is gone (its lock is free);
+    the directories removed. Others' directories of that name (no ``owner.lock``, or
+    one this user cannot open) are left alone."""
+    removed = []
+    for path in Path(tempfile.gettempdir()).glob(f"{prefix}*"):
+        try:
+            fd = os.open(path / OWNER_LOCK, os.O_RDWR)
+        except OSError:  # not one of ours, another user's, or its owner is starting
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # held: its owner lives
+            os.close(fd)
+            continue
+        try:
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+        finally:
+            os.close(fd)
+    return removed
+
+
+@contextlib.contextmanager
+def scratch_dir(prefix: str) -> Iterator[Path]:
+    """A fresh directory ``<temp dir>/<prefix>XXXX`` for the block, removed at its end;
+    the ones of ``prefix`` that a killed process left are removed first."""
+    remove_abandoned(prefix)
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    fd = os.open(path / OWNER_LOCK, os.O_RDWR | os.O_CREAT, 0o600)  # not inherited
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+        os.close(fd)

@@ -82,13 +82,13 @@ def stage_elsewhere(cfg: RunConfig, staged_file: str | None = None) -> StagedDat
     if staged_file:
         return stage(cfg, staged_file)
     import sys
-    import tempfile
     from pathlib import Path
 
     from training import backend
+    from training.launch import processes
     from training.launch.local import stage_subprocess
 
-    with tempfile.TemporaryDirectory(prefix="stage-") as tmp:
+    with processes.scratch_dir("stage-") as tmp:  # left by a SIGKILL: removed next time
         config_path = cfg.write(Path(tmp))
         staged = StagedDataset.from_dict(stage_subprocess(
             config_path, sys.executable, backend.child_env("tensorflow")))

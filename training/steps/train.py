@@ -49,15 +49,20 @@ def train(cfg: RunConfig, staged: StagedDataset) -> dict[str, Any]:
 
 def _in_child(cfg: RunConfig, staged: StagedDataset) -> dict[str, Any]:
     """Train in a child process of the run's backend (``python -m training train``),
-    under this process's claim of the run; what it reported."""
+    under this process's claim of the run; what it reported. SIGTERM and SIGINT to this
+    process are passed on to the child, which stops the way ``train`` stops (a backup,
+    exit 143), and the ``LaunchError`` raised then carries its exit status. Its config
+    goes in a ``train-*`` directory of the temp dir that one killed by SIGKILL leaves
+    and the next such launch removes (``processes.scratch_dir``)."""
     import sys
-    import tempfile
 
+    from training.launch import processes
     from training.launch.command import TrainingCommand
     from training.locks import claimed_env
 
-    with tempfile.TemporaryDirectory(prefix="train-") as tmp:
+    with processes.scratch_dir("train-") as tmp:
         command = TrainingCommand("train", cfg.write(tmp), output_dir=tmp, run_id=cfg.run_id,
-                                  staged=staged.to_dict(), env=claimed_env())
+                                  staged=staged.to_dict(), env=claimed_env(),
+                                  forward_signals=True)
         results = command.run(lambda line: print(line, file=sys.stderr, flush=True))
     return results["trained"]
