@@ -23,6 +23,11 @@ Variables (empty counts as unset):
   default, 10240, when unset);
 - ``TRAINING_INCOMING_DIR``, ``TRAINING_DATA_URI``: where ``land_labelled_data`` reads
   a day's images and where it lands them (``<data dir>/incoming``, ``<data dir>/labelled``);
+- ``TRAINING_SWEEP_STORAGE``: where sweeps keep their Optuna studies, a SQLAlchemy URL
+  without a password (``postgresql+psycopg2://user@host:5432/db``; unset: a SQLite file
+  under the run directories); the password, if the database wants one, comes from
+  ``TRAINING_SWEEP_STORAGE_PASSWORD`` (or libpq's ``PGPASSWORD``/``~/.pgpass``) in the
+  process that opens the study, never from a config (docs/sweeps.md);
 - ``TRAINING_AWS_CONN_ID``: the Airflow connection for ``s3://`` locations (``aws_default``);
 - ``TRAINING_K8S_CONN_ID``: the Kubernetes connection (``kubernetes_default``); the
   other ``TRAINING_K8S_*`` variables are the Job's options (``kubernetes_env``, read by
@@ -66,6 +71,7 @@ class Deployment:
     output_dir: str
     store: StoreURI
     max_version_mb: int | None = None
+    sweep_storage: str = ""
     incoming_dir: str = ""
     data_uri: str = ""
     aws_conn_id: str = "aws_default"
@@ -101,6 +107,7 @@ class Deployment:
             output_dir=read.get("TRAINING_OUTPUT_DIR", os.fspath(read.data_dir / "runs")),
             store=store,
             max_version_mb=limit,
+            sweep_storage=read.env.get("TRAINING_SWEEP_STORAGE", ""),
             incoming_dir=incoming_dir,
             data_uri=data_uri,
             aws_conn_id=aws_conn_id_from_env(env),
@@ -120,6 +127,8 @@ class Deployment:
                                     "store_uri": self.store.text}
         if self.max_version_mb is not None:
             settings["max_version_mb"] = self.max_version_mb
+        if self.sweep_storage:
+            settings["sweep_storage"] = self.sweep_storage
         return settings
 
     def queue_for(self, accelerator: Any) -> str | None:

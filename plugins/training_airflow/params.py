@@ -47,6 +47,7 @@ SECTION_TITLES = {
     "runtime": "Hardware and distribution",
     "promotion": "Promotion policy",
     "storage": "Model registry",
+    "sweep": "Hyperparameter sweep",
 }
 
 

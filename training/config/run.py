@@ -28,6 +28,7 @@ from training.config.sections import (
     StorageConfig,
     ValidationConfig,
 )
+from training.config.sweep import SweepConfig, check_sweep
 from training.errors import ConfigError, RegistryError, shown
 from training.layout import CONFIG, as_name, validate_name
 
@@ -67,6 +68,7 @@ def check_across(cfg: RunConfig) -> None:
             f"{runtime.accelerator!r}: the TPU would be ignored; set runtime.accelerator "
             "to 'tpu' to train on it, or leave runtime.tpu empty")
     check_backend(runtime)  # training.config.backend_rules
+    check_sweep(cfg)  # training.config.sweep: the space against the other sections
     # The names a run is stored under, derived or given: refused here, before anything
     # is staged, not by the registry after training.
     for what, name in (("model name (storage.model_name)", cfg.model_name),
@@ -145,6 +147,7 @@ class RunConfig:
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     promotion: PromotionConfig = field(default_factory=PromotionConfig)
     storage: StorageConfig = field(default_factory=StorageConfig)
+    sweep: SweepConfig = field(default_factory=SweepConfig)
 
     def __post_init__(self) -> None:
         check_across(self)
@@ -240,7 +243,7 @@ class RunConfig:
 
     def fingerprint(self) -> str:
         """A short hash of everything that changes the trained model."""
-        data = self.to_dict()
+        data = self._without_sweep_storage()
         data["storage"] = {}  # where outputs go does not change the model
         data["promotion"] = {}  # nor does the promotion policy
         data["validation"] = {}  # nor do the checks the data passed
@@ -252,12 +255,23 @@ class RunConfig:
         """What a model is trained from besides the data itself: ``fingerprint`` without
         which partitions were asked for (``until``, ``window_days``: the staged data's
         own fingerprint says what they held)."""
-        data = self.to_dict()
+        data = self._without_sweep_storage()
         for section in ("storage", "promotion", "validation"):
             data[section] = {}
         for key in ("staging_dir", "until", "window_days"):
             data["dataset"].pop(key)
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:12]
+
+    def _without_sweep_storage(self) -> dict[str, Any]:
+        """``to_dict`` for the fingerprints: without a sweep, no ``sweep`` at all (a run's
+        id is what it was before sweeps existed); with one, its settings but not where
+        its study lives."""
+        data = self.to_dict()
+        if self.sweep.enabled:
+            data["sweep"].pop("storage")
+        else:
+            del data["sweep"]
+        return data
 
     @property
     def run_id(self) -> str:

@@ -14,6 +14,7 @@ from typing import Any
 
 from training.config.data import DatasetConfig, ValidationConfig
 from training.config.schema import Section, setting
+from training.config.sweep import SweepConfig
 from training.errors import ConfigError
 from training.layout import NAME_PATTERN, NAME_WORDS
 from training.train.models import MODELS, REFERENCE, check_args, resolve
@@ -311,6 +312,7 @@ SECTIONS: dict[str, type[Section]] = {
     "runtime": RuntimeConfig,
     "promotion": PromotionConfig,
     "storage": StorageConfig,
+    "sweep": SweepConfig,  # training/config/sweep.py: off unless sweep.trials is set
 }
 
 

@@ -1,0 +1,94 @@
+"""Which Optuna trial is trial task N's: the slots of one sweep in a study.
+
+A study may hold several sweeps (``sweep.continue`` keeps one study per model, space
+and objective from night to night), so every trial of a sweep carries user attrs,
+written in the insert that creates it (``enqueue_trial``): ``sweep`` (the base run id),
+``slot`` (N), ``attempt`` (0, then one more after each failure a task was re-run for)
+and ``data_fingerprint`` (the staged data it trains on). A slot's **current** trial is
+its latest attempt; of two trials of one attempt (two live processes for one task, which
+Airflow prevents but a lost worker can cause), the first created: every process picks
+the same one. Tonight's results are the current trials of tonight's run id; earlier
+nights' trials only inform the sampler and the pruner, and give slot 0 its values
+(``previous_best``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from training.sweep.record import TrialRecord
+
+SWEEP, SLOT, ATTEMPT, DATA = "sweep", "slot", "attempt", "data_fingerprint"
+ERROR, SKIPPED, FROM = "error", "skipped", "continued_from"
+STATES = {TrialState.COMPLETE: "complete", TrialState.PRUNED: "pruned",
+          TrialState.FAIL: "failed", TrialState.RUNNING: "running",
+          TrialState.WAITING: "waiting"}
+
+
+def tonight(study: optuna.Study, run_id: str) -> list[FrozenTrial]:
+    """Every trial of the sweep of ``run_id``, every slot and attempt."""
+    return [t for t in study.get_trials(deepcopy=False)
+            if t.user_attrs.get(SWEEP) == run_id and SLOT in t.user_attrs]
+
+
+def current(study: optuna.Study, run_id: str, slot: int) -> FrozenTrial | None:
+    """Slot ``slot``'s current trial (module doc), None before it is enqueued."""
+    trials = [t for t in tonight(study, run_id) if t.user_attrs[SLOT] == slot]
+    if not trials:
+        return None
+    return min(trials, key=lambda t: (-t.user_attrs.get(ATTEMPT, 0), t._trial_id))
+
+
+def enqueue(study: optuna.Study, run_id: str, slot: int, *, attempt: int,
+            data_fingerprint: str, params: Mapping[str, Any],
+            extra: Mapping[str, Any] | None = None) -> None:
+    """A waiting trial for ``slot``, its attrs in the same insert; ``params`` fixed
+    (a grid point, the previous best, a failed attempt's values), the rest drawn when it
+    is claimed."""
+    study.enqueue_trial(dict(params), user_attrs={
+        SWEEP: run_id, SLOT: slot, ATTEMPT: attempt, DATA: data_fingerprint,
+        **(extra or {})})
+
+
+def state(trial: FrozenTrial) -> str:
+    """complete, pruned, failed, skipped (failed before it started: the budget), running
+    or waiting."""
+    if trial.state == TrialState.FAIL and trial.user_attrs.get(SKIPPED):
+        return "skipped"
+    return STATES[trial.state]
+
+
+def previous_best(study: optuna.Study, run_id: str, maximize: bool) -> FrozenTrial | None:
+    """The best completed trial of the latest earlier sweep in ``study``."""
+    earlier = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+               if t.user_attrs.get(SWEEP) not in (None, run_id)]
+    if not earlier:
+        return None
+    latest = max(earlier, key=lambda t: t.datetime_start or datetime.min)
+    same = [t for t in earlier if t.user_attrs[SWEEP] == latest.user_attrs[SWEEP]]
+    sign = -1 if maximize else 1
+    return min(same, key=lambda t: (sign * t.value, t.user_attrs.get(SLOT, 0)))
+
+
+def record(trial: FrozenTrial | None, slot: int, run_dir: str,
+           data_fingerprint: str) -> TrialRecord:
+    """A slot's current trial as ``sweep.json`` holds it."""
+    if trial is None:
+        return TrialRecord(number=slot, optuna_number=None, attempt=0, params={},
+                           state="waiting", value=None, epochs={}, duration_s=None,
+                           run_dir=run_dir, error="never planned nor asked",
+                           data_fingerprint=data_fingerprint)
+    start, end = trial.datetime_start, trial.datetime_complete
+    return TrialRecord(
+        number=slot, optuna_number=trial.number, attempt=trial.user_attrs.get(ATTEMPT, 0),
+        params=dict(trial.params), state=state(trial), value=trial.value,
+        epochs=dict(sorted(trial.intermediate_values.items())),
+        duration_s=(end - start).total_seconds() if start and end else None,
+        run_dir=run_dir, error=trial.user_attrs.get(ERROR, ""),
+        data_fingerprint=trial.user_attrs.get(DATA, ""),
+        continued_from=trial.user_attrs.get(FROM, ""))
