@@ -14,8 +14,9 @@ indices:
   (replicated: each device gathers its part of every batch itself);
 * ``IndexBatches`` is the ``PyDataset`` that ``fit`` iterates: each batch the indices
   of its examples, the epoch's order a permutation drawn on the device from
-  ``(fit.seed, epoch)``. ``training.train.fused_steps`` turns a group of
-  ``steps_per_execution`` of them into one compiled loop that gathers each batch on the
+  ``(fit.seed, epoch)`` (on a CPU device, read through NumPy: a batch's indices then
+  cost no dispatch). ``training.train.fused_steps`` turns a group of
+  ``steps_per_execution`` of them into one compiled group that gathers each batch on the
   device.
 
 A global batch is cut to a multiple of the data-parallel devices, as on the host path.
@@ -81,6 +82,7 @@ class DeviceSplit:
         self.images = jax.device_put(images, place)
         self.labels = jax.device_put(labels.astype(np.int32), place)
         self.count = len(labels)
+        self.platform = next(iter(self.images.devices())).platform  # cpu, gpu, tpu
 
 
 class IndexBatches(keras.utils.PyDataset):
@@ -108,6 +110,8 @@ class IndexBatches(keras.utils.PyDataset):
                 self._order = jax.random.permutation(key, self.device_split.count)
             else:
                 self._order = jax.numpy.arange(self.device_split.count)
+            if self.device_split.platform == "cpu":  # the host's memory: slicing it in
+                self._order = np.asarray(self._order)  # NumPy costs no dispatch a batch
         return self._order
 
     def on_epoch_end(self) -> None:

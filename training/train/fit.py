@@ -291,13 +291,14 @@ def _train(cfg: RunConfig, staged: StagedDataset, resolved: Any,
             jit_compile=True if resolved.backend == "jax" else cfg.runtime.jit_compile,
         )
         weights, tuning = pretrained.prepare(cfg.model, model)
+    loop = None  # Keras's own loop: the split is on the host
     if resolved.backend == "jax":
         from training.train import fused_steps
         from training.train.jax_distribution import check_layout
 
         check_layout(cfg, resolved, model)
         if getattr(train_ds, "device_split", None) is not None:  # the split is there
-            fused_steps.install(model, train_ds.device_split)
+            loop = fused_steps.install(model, train_ds.device_split)
     # model.warm_start: production's weights as the start (training.train.warm_start).
     warm = warm_start.start(cfg, model, resolved, final_dir)
     (out / layout.RUN).write_text(json.dumps({
@@ -306,7 +307,7 @@ def _train(cfg: RunConfig, staged: StagedDataset, resolved: Any,
         "dataset": staged.to_dict(),
         "strategy": resolved.to_dict(),
         "input": {"train": "device" if getattr(train_ds, "device_split", None) is not None
-                  else "host", "decoded_copy": data.decoded_copy},
+                  else "host", "decoded_copy": data.decoded_copy, "loop": loop},
         "precision": {"policy": policy, "why": why},
         "software": software_versions(),
         "pretrained_weights": weights,
