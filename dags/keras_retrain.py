@@ -5,7 +5,14 @@ Stages a dataset, trains a Keras model inside a `tf.distribute` strategy, evalua
 against the model in production on the same test split, publishes it as an immutable
 version and, if it wins, promotes it.
 
-`stage_dataset -> validate_data -> train -> evaluate -> publish -> approve_promotion -> promote`
+`stage_dataset -> validate_data -> plan_trials -> [trial] -> train -> evaluate ->
+publish -> approve_promotion -> promote`
+
+* With a **sweep** (`sweep_trials` above 0, docs/sweeps.md) the mapped `trial` task trains
+  one trial per instance, at most `sweep_parallel` at once, each named by its values;
+  `train` then picks the best completed trial, which goes on as the run's model. Without
+  one, `plan_trials` plans nothing, `trial` has no instance (skipped) and `train` trains
+  as always.
 
 * `validate_data` **skips** the run (train and everything after it) when production was
   trained on the same data with the same settings (`force_train` trains anyway), and
@@ -51,6 +58,13 @@ from training_airflow.alerts import on_task_failure
 from training_airflow.approval import ApproveOperator
 from training_airflow.assets import LABELLED_DATA, PRODUCTION_MODEL, STAGED_DATASET
 from training_airflow.params import dag_params
+from training_airflow.sweep_tasks import (
+    MAP_INDEX_TEMPLATE,
+    MAX_PARALLEL_TASKS,
+    TRIGGER_RULE,
+    PlanTrialsOperator,
+    TrialOperator,
+)
 from training_airflow.tasks import (
     EvaluateOperator,
     PromoteOperator,
@@ -96,8 +110,18 @@ with DAG(
     staged = StageOperator(task_id="stage_dataset", outlets=[STAGED_DATASET],
                            execution_timeout=timedelta(hours=2)).output
     validated = ValidateOperator(task_id="validate_data", staged=staged).output
+    # A run with a sweep trains one mapped `trial` per trial (none without one: skipped),
+    # and `train` then picks the best of them instead of training (sweep_tasks.py).
+    slots = PlanTrialsOperator(task_id="plan_trials", staged=staged,
+                               validated=validated).output
+    trials = TrialOperator.partial(
+        task_id="trial", staged=staged, execution_timeout=timedelta(hours=12),
+        max_active_tis_per_dagrun=MAX_PARALLEL_TASKS, map_index_template=MAP_INDEX_TEMPLATE,
+    ).expand(slot=slots)
     trained = TrainOperator(task_id="train", staged=staged, validated=validated,
+                            trigger_rule=TRIGGER_RULE,
                             execution_timeout=timedelta(hours=12)).output
+    trials >> trained.operator
     evaluation = EvaluateOperator(task_id="evaluate", staged=staged, trained=trained,
                                   validated=validated).output
     published = PublishOperator(task_id="publish", evaluation=evaluation).output

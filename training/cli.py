@@ -115,6 +115,12 @@ def build_parser() -> argparse.ArgumentParser:
             cmd.add_argument("--evaluate", action="store_true",
                              help="then evaluate, as the `evaluate` command does, in this "
                                   "process (TensorFlow is loaded once)")
+            cmd.add_argument("--trial-of", metavar="FILE",
+                             help="this run is a trial of the sweep whose config is FILE "
+                                  "(with --trial): each epoch is reported to its study, "
+                                  "which may prune it (docs/sweeps.md)")
+            cmd.add_argument("--trial", type=int, metavar="N",
+                             help="the trial's slot in that sweep (with --trial-of)")
     # Listed here for --help; main() hands `data ...` to training.data.landing whole.
     sub.add_parser("data", help="The team's data: `data demo` writes the digits as daily "
                    "partitions, `data land` lands one partition (data --help).")
@@ -172,6 +178,9 @@ def execute(args: argparse.Namespace) -> int:
     if args.command == "clean-staging":
         return _clean_staging(args)
     cfg = load_config(args)
+    if args.command == "train" and (args.trial is None) != (args.trial_of is None):
+        raise ConfigError(f"--trial-of and --trial go together, got --trial-of "
+                          f"{args.trial_of!r} and --trial {args.trial!r}")
     # One Keras backend per process, set before Keras is imported: the run's for
     # `train` (a JAX process imports no TensorFlow); TensorFlow for the steps that
     # stage with tensorflow-datasets and export SavedModels (training.backend).
@@ -216,8 +225,15 @@ def _run_steps(args: argparse.Namespace, cfg: RunConfig, staged: Any) -> int:
         if checked["skip"] or args.command == "validate":
             return 0
         data_stats = checked["data_stats"]
-    if args.command in ("train", "run"):
-        print(json.dumps({"trained": train.train(cfg, staged)}))
+    if args.command == "run" and cfg.sweep.enabled:
+        from training.launch.trials import run_sweep
+
+        cfg = run_sweep(cfg, staged)  # the picked trial's: evaluated, published, promoted
+        print(json.dumps({"sweep": {"picked": cfg.run_id, "run_dir": str(cfg.run_dir())}}))
+    elif args.command in ("train", "run"):
+        print(json.dumps({"trained": train.train(cfg, staged,
+                                                 extra_callbacks=_trial_callbacks(args, cfg,
+                                                                                  staged))}))
     if args.command == "train" and not (args.evaluate and cluster.is_chief(cluster.current())):
         return 0  # in a multi-worker run, only the chief evaluates
     registry = open_registry(cfg.storage.store_uri)
@@ -235,6 +251,16 @@ def _run_steps(args: argparse.Namespace, cfg: RunConfig, staged: Any) -> int:
         print(json.dumps({"published": publish.publish(cfg, registry, created=started)}))
         print(json.dumps({"promotion": promote.promote(cfg, registry, at=started)}))
     return 0
+
+
+def _trial_callbacks(args: argparse.Namespace, cfg: RunConfig, staged: Any) -> list[Any]:
+    """A sweep trial's pruning callback (``--trial-of``, ``--trial``); none otherwise."""
+    if getattr(args, "trial", None) is None:
+        return []
+    from training.steps import sweep
+
+    base = sweep.base_of(args.trial_of, cfg, args.trial)
+    return sweep.pruning_callbacks(base, staged, args.trial)
 
 
 def _data_stats(path: str | None) -> dict[str, Any] | None:

@@ -207,3 +207,10 @@ def deadline_from_env(env: Mapping[str, str] | None = None) -> timedelta | None:
         raise ConfigError("TRAINING_DEADLINE_MINUTES must be a whole number of minutes from 1 "
                           f"(or empty: no deadline), got {text!r}") from None
     return timedelta(minutes=minutes)
+
+
+def sweep_password_from_env(env: Mapping[str, str] | None = None) -> str | None:
+    """The sweep's study database password (``TRAINING_SWEEP_STORAGE_PASSWORD``), read in
+    the process that opens the study, handed to the driver at connect time and kept out
+    of every config, log and record; None: no password (or libpq's own ways)."""
+    return _Environment(env).env.get("TRAINING_SWEEP_STORAGE_PASSWORD") or None

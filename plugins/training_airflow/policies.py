@@ -8,9 +8,9 @@ entry point was skipped without a word, and a GPU run's ``train`` ran on a CPU w
 Airflow loads this module (``load_policy_plugins``) before it looks for local settings,
 so the module clears the flag itself when it is loaded. The scheduler then calls the hook
 for every task instance it creates or re-queues; a manual run whose conf says
-``accelerator: gpu`` (or ``tpu``) puts its ``train`` task on the ``gpu`` (``tpu``) queue,
-where only Celery workers with that
-hardware listen (``airflow celery worker --queues gpu``). Scheduled runs use the
+``accelerator: gpu`` (or ``tpu``) puts its ``train`` task and a sweep's ``trial`` tasks
+on the ``gpu`` (``tpu``) queue, where only Celery workers with that hardware listen
+(``airflow celery worker --queues gpu``). Scheduled runs use the
 form's default (``cpu``) and the task's own queue. Queue names are the deployment's
 (``training.deployment.queue_from_env``: ``TRAINING_GPU_QUEUE`` / ``TRAINING_TPU_QUEUE``;
 it reads only those, so no other setting can break the queueing of tasks).
@@ -25,7 +25,7 @@ from airflow.policies import hookimpl
 
 from training.deployment import queue_from_env
 
-TRAINING_TASK_IDS = {"train"}
+TRAINING_TASK_IDS = {"train", "trial"}  # trial: a sweep's (sweep_tasks.py)
 
 
 @hookimpl

@@ -1,13 +1,8 @@
 """The DAG's steps: one operator each, one library call each.
 
-No step imports TensorFlow or tensorflow-datasets in the Airflow task process: what
-needs them runs as ``python -m training ...`` in a child process (``Step.run_command``:
-``training.launch.command.TrainingCommand`` with the connection's credentials in its
-environment; exit 2, a configuration no retry can fix, fails the task without
-retries), so a task costs its process start and its work, not a 10-16 s import. ``Step`` is what
-every step does around its work: its imports (timed), this worker's deployment
-(``training.deployment``), the run's config, a timing line first and last, and a record
-of what it did in the run directory (``records.py``, read back by ``tools/summary.py``).
+What every step does around its work (its imports, the deployment, the run's frozen
+config, timing and records) is ``step.Step``'s; a sweep's own steps are in
+``sweep_tasks.py``.
 
 Each operator is one step of ``training.steps`` (the order, the inputs and the
 "already done?" rules live there):
@@ -26,21 +21,9 @@ Each operator is one step of ``training.steps`` (the order, the inputs and the
   on the run directory and evaluation they are handed, with the deployment's registry.
 
 Every step takes what the step before produced from its XCom (template fields holding
-``XComArg``s, which also wire the dependencies). The run's config is built and checked
-once, by the run's first step (``builds_config``: ``stage_dataset``, from the params and
-the deployment, ``params.config_for``), frozen into the run directory
-(``training.config.frozen``) and handed on through XCom (key ``config``: its path and
-SHA-256). Every later step thaws that file, so no step re-derives a run setting (what
-to train, where its data and store are) from its own worker's environment, and a file
-changed since the first step wrote it fails the task without retries. What belongs to
-the worker stays the worker's: the connection holding the store's credentials, the
-Kubernetes options, the queues. A run started before this hand-over existed has no
-``config`` XCom: its later tasks fail saying so, and clearing the run from its first
-task starts it again on a frozen config.
-
-Over 300 lines on purpose: the base step and the six operators are one idea, the DAG's
-steps, and a reader follows a trigger from the form to the launcher in one file. The
-model steps carry the "Model version" extra link (``links.py``).
+``XComArg``s, which also wire the dependencies), and the run's frozen config from the
+first step (or from ``train``'s pick after a sweep: ``step.py``). The model steps carry
+the "Model version" extra link (``links.py``).
 """
 
 from __future__ import annotations
@@ -48,154 +31,11 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from airflow.sdk import BaseOperator
-
-from training.deployment import Deployment
 from training_airflow.links import VERSION_XCOM, ModelVersionLink
-from training_airflow.params import config_for
+from training_airflow.step import CONFIG_XCOM, Step
 
+__all__ = ["CONFIG_XCOM", "SKIP_XCOM", "Step"]  # (and the operators) for the DAG, tests
 SKIP_XCOM = "skipped_because"  # validate_data: why the run did not train
-CONFIG_XCOM = "config"  # the first step's frozen config: {"path", "sha256"}
-
-
-class Step(BaseOperator):
-    """One step of the DAG: its library modules imported and timed, the run's config,
-    a timing line first and last in the log, and a record of what it did in the run
-    directory (``records.py``). Subclasses say what the step needs (``imports``) and
-    does (``work``). No step imports TensorFlow or tfds: what needs them runs in a
-    child process (``run_command``)."""
-
-    imports: tuple[str, ...] = ()
-    builds_config = False  # the run's first step: builds, checks and freezes the config
-    launch: Any = None  # what the step started (training.launch: run, then stop on kill)
-    deployment: Deployment  # this worker's (training.deployment), read as the step starts
-    frozen: dict[str, str]  # the run's frozen config file: {"path", "sha256"}
-
-    def run_command(self, cfg: Any, command: str, *, staged: Any = None,
-                    data_stats: Any = None, flags: tuple[str, ...] = ()) -> dict[str, Any]:
-        """``python -m training COMMAND`` for this run as the task's child, on the run's
-        frozen config, the connection's credentials in its environment, its lines in
-        the task log, in the task's working directory (a relative ``data_uri`` means
-        there what it means here); what it printed as JSON. Exit 2 fails the task
-        without retries."""
-        from airflow.sdk.exceptions import AirflowFailException
-
-        from training.errors import ConfigError
-        from training.launch.command import TrainingCommand
-        from training_airflow.store import child_env
-
-        self.launch = TrainingCommand(
-            command, self.frozen["path"], output_dir=cfg.storage.output_dir,
-            run_id=cfg.run_id, staged=staged, data_stats=data_stats, flags=flags,
-            env=child_env(cfg, self.deployment.aws_conn_id), cwd=os.getcwd())
-        self.log.info("starting %s (TensorFlow loads in it, about 15 s): %s", command,
-                      " ".join(self.launch.argv()))
-        try:
-            return self.launch.run(lambda line: self.log.info("%s", line))
-        except ConfigError as exc:
-            raise AirflowFailException(str(exc)) from exc
-
-    def on_kill(self) -> None:
-        if self.launch is not None:
-            self.log.info("stopping %s", type(self.launch).__name__)
-            self.launch.stop()
-
-    def execute(self, context: Any) -> Any:
-        import importlib
-        import time
-        from datetime import UTC, datetime
-
-        from airflow.sdk.exceptions import AirflowSkipException
-
-        from training_airflow import records
-
-        entered = datetime.now(UTC)
-        began = time.perf_counter()
-        for module in self.imports:
-            importlib.import_module(module)
-        imported = time.perf_counter() - began
-        self.deployment = self.read_deployment()
-        cfg = self.run_config(context)
-        ti, dag_run, run_dir = context.get("ti"), context.get("dag_run"), cfg.run_dir()
-        if ti is None or dag_run is None or not self.has_dag():
-            return self.work(cfg, context)  # called outside a DAG run: nothing to record
-        timed = records.timing(run_dir, ti, dag_run, self.upstream_task_ids, entered,
-                               imported)
-        self.log.info("%s", timed.line())
-        graph = _steps_graph(self.dag)
-
-        def record(state: str, value: Any) -> None:
-            timed.finish()
-            records.write(run_dir, ti, dag_run, graph, state, value, timed)
-            self.log.info("%s", timed.line())
-
-        try:
-            value = self.work(cfg, context)
-        except AirflowSkipException as exc:
-            record("skipped", str(exc))
-            raise
-        except BaseException as exc:
-            record("failed", f"{type(exc).__name__}: {exc}")
-            raise
-        record("success", value)
-        return value
-
-    @staticmethod
-    def read_deployment() -> Deployment:
-        """This worker's deployment; a wrong setting fails the task without retries."""
-        from airflow.sdk.exceptions import AirflowFailException
-
-        from training.errors import ConfigError
-
-        try:
-            return Deployment.from_env()
-        except ConfigError as exc:
-            raise AirflowFailException(str(exc)) from exc
-
-    def run_config(self, context: Any) -> Any:
-        """The run's config: built from the params and frozen by the run's first step
-        (or by a step called outside a DAG run), thawed from its file by every later
-        one. A frozen file that is gone or changed fails the task without retries."""
-        from airflow.sdk.exceptions import AirflowFailException
-
-        from training.config import frozen
-        from training.errors import ConfigError
-
-        first = next((t for t in self.dag.tasks if getattr(t, "builds_config", False)),
-                     None) if self.has_dag() and context.get("ti") is not None else None
-        if first is None or first.task_id == self.task_id:  # (the task runs a copy)
-            cfg = config_for(context, self.deployment)
-            self.frozen = frozen.freeze(cfg)
-            if first is not None:
-                context["ti"].xcom_push(key=CONFIG_XCOM, value=self.frozen)
-            return cfg
-        handed = context["ti"].xcom_pull(task_ids=first.task_id, key=CONFIG_XCOM)
-        if not handed:
-            raise AirflowFailException(f"{first.task_id} handed on no frozen config (XCom "
-                                       f"{CONFIG_XCOM!r}): run the run again from it")
-        try:
-            cfg = frozen.thaw(handed)
-        except ConfigError as exc:
-            raise AirflowFailException(str(exc)) from exc
-        self.frozen = dict(handed)
-        return cfg
-
-    def work(self, cfg: Any, context: Any) -> Any:
-        raise NotImplementedError
-
-
-def _steps_graph(dag: Any) -> dict[str, list[str]]:
-    """Each step's downstream steps, through the tasks that are not steps (the approval:
-    Airflow's own operator, which keeps no record), as the run's records show them."""
-    steps = {t.task_id for t in dag.tasks if isinstance(t, Step)}
-
-    def below(task_id: str) -> set[str]:
-        found: set[str] = set()
-        for down in dag.get_task(task_id).downstream_task_ids:
-            found |= {down} if down in steps else below(down)
-        return found
-
-    return {step: sorted(below(step)) for step in steps}
 
 
 class _ModelStep(Step):
@@ -247,12 +87,28 @@ class TrainOperator(Step):
     template_fields = ("staged", "validated")
     imports = ("training.launch.command", "training_airflow.store")
     ui_color = "#ffd8a8"
+    hands_config = True  # after a sweep: the picked trial's (sweep_tasks.pick)
 
     def __init__(self, *, staged: Any, validated: Any = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.staged, self.validated = staged, validated
 
+    def execute(self, context: Any) -> Any:
+        from airflow.sdk.exceptions import AirflowSkipException
+
+        # In a DAG run it runs after the trials however they ended (all_done), so also
+        # when validate_data did not pass.
+        if self.validated is None and self.has_dag() and context.get("dag_run") is not None:
+            raise AirflowSkipException("validate_data did not pass: nothing to train")
+        return super().execute(context)
+
     def work(self, cfg: Any, context: Any) -> dict[str, Any]:
+        from training_airflow import sweep_tasks
+
+        if cfg.sweep.enabled:
+            from training.data.staging import StagedDataset
+
+            return sweep_tasks.pick(self, cfg, StagedDataset.from_dict(self.staged), context)
         self.log.info("launching %s training for run %s (%s, %d worker(s))",
                       cfg.runtime.launcher, cfg.run_id, cfg.runtime.accelerator,
                       cfg.runtime.workers)

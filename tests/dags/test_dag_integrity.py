@@ -19,8 +19,10 @@ from training.config import RunConfig, flat_fields, json_schema
 
 HEAVY = ("tensorflow", "keras", "tensorflow_datasets", "boto3")
 EXPECTED_GRAPH = {
-    "stage_dataset": {"validate_data", "train", "evaluate"},
-    "validate_data": {"train", "evaluate"},
+    "stage_dataset": {"validate_data", "plan_trials", "trial", "train", "evaluate"},
+    "validate_data": {"plan_trials", "train", "evaluate"},
+    "plan_trials": {"trial"},  # a sweep's: one mapped trial per slot (none without one)
+    "trial": {"train"},
     "train": {"evaluate"},
     "evaluate": {"publish", "approve_promotion"},
     "publish": {"approve_promotion", "promote"},
@@ -84,6 +86,12 @@ def test_every_dag_follows_the_house_rules(dagbag):
 
 def test_task_graph(dag):
     assert {t.task_id: set(t.downstream_task_ids) for t in dag.tasks} == EXPECTED_GRAPH
+    # The trials: as many at once as a sweep may ask (its own sweep.parallel holds the
+    # rest back), named in the grid by their values; train picks after all of them.
+    trial = dag.get_task("trial")
+    assert trial.max_active_tis_per_dagrun == 64
+    assert trial.map_index_template == "{{ trial_label }}"
+    assert dag.get_task("train").trigger_rule == "all_done"
     assert [o.name for o in dag.get_task("promote").outlets] == ["training_production_model"]
     assert [o.name for o in dag.get_task("stage_dataset").outlets] == ["training_staged_dataset"]
 

@@ -291,3 +291,105 @@ def test_report_and_models_page_share_one_stylesheet_and_autoescape():
     assert '{% include "style.css" %}' in env.loader.get_source(env, "base.html")[0]
     page = env.get_template("refused.html").render(title="<t>", detail="d", page_class="x")
     assert css.strip() in page and "&lt;t&gt;" in page and "<t>" not in page
+
+
+# --------------------------------------------------------------------------- sweeps
+
+
+def sweep_records() -> tuple[list, object]:
+    """Four trials as the study hands them over (``training.sweep.record.TrialRecord``):
+    two completed (their best epoch's objective), one pruned after two epochs (its last),
+    one failed (none); and the best of them."""
+    from training.sweep.record import TrialRecord
+
+    def trial(number, state, epochs, params, value, error=""):
+        return TrialRecord(number=number, optuna_number=number + 40, attempt=0,
+                           params=params, state=state, value=value, epochs=epochs,
+                           duration_s=30.0 * len(epochs) + number,
+                           run_dir=f"runs/night-2-t{number}", error=error,
+                           data_fingerprint="b504be350b053dde")
+
+    trials = [
+        trial(0, "complete", {1: 0.81, 2: 0.88, 3: 0.9},
+              {"fit.learning_rate": 0.0002, "fit.batch_size": 32, "dataset.augment": "none"},
+              value=0.9),
+        trial(1, "pruned", {1: 0.52, 2: 0.61},
+              {"fit.learning_rate": 0.09, "fit.batch_size": 128, "dataset.augment": "flip"},
+              value=0.61),
+        trial(2, "failed", {1: 0.7},
+              {"fit.learning_rate": 0.03, "fit.batch_size": 64, "dataset.augment": "flip"},
+              value=None, error=INJECTION),
+        trial(3, "complete", {1: 0.86, 2: 0.93, 3: 0.95},
+              {"fit.learning_rate": 0.004, "fit.batch_size": 64, "dataset.augment": "flip"},
+              value=0.95),
+    ]
+    best = max((t for t in trials if t.state == "complete"), key=lambda t: t.value)
+    return trials, best
+
+
+def section(page: str, anchor: str) -> str:
+    match = re.search(rf'<h2 id="{anchor}">(.*?)(?=<h2)', page, re.S)
+    assert match, f"no section {anchor!r} in the report"
+    return match.group(1)
+
+
+def test_a_version_picked_by_a_sweep_gets_its_sweep_section_and_plots(tmp_path):
+    from training.report.sweep_plots import plot_sweep
+    from training.sweep.record import write_sweep_json
+
+    write_records(tmp_path)
+    trials, best = sweep_records()
+    write_sweep_json(tmp_path, trials, best, storage="sqlite:///runs/.sweeps/digits-mlp.db",
+                     study="digits-mlp.1c561f35", objective="val_accuracy",
+                     direction="maximize")
+    page = report.build_report(tmp_path).read_text()
+    sweep = section(page, "sweep")
+
+    states = [t.state for t in trials]
+    assert (f"best of {len(trials)} trials ({states.count('pruned')} pruned, "
+            f"{states.count('failed')} failed)") in sweep
+    assert "objective val_accuracy, higher is better" in sweep
+    chosen = table(sweep, "sweep-best")
+    assert f"<td>trial</td><td>{best.number}</td>" in chosen
+    assert f"<td>val_accuracy</td><td>{best.value:.4f}</td>" in chosen
+    for name, value in best.params.items():  # numbers to 4 significant digits
+        shown = f"{value:.4g}" if isinstance(value, float) else value
+        assert f"<td>{name}</td><td>{shown}</td>" in chosen
+    assert "digits-mlp.1c561f35" in table(sweep, "sweep-study")
+    # One row per trial, in order: its number, state and epochs run; the best marked,
+    # the failed one with its error (escaped), a pruned one with its last objective.
+    rows = re.findall(r'<tr class="([^"]+)"><td>(\d+)</td><td>(\w+)</td><td>([^<]*)</td>'
+                      r'<td>(\d+)</td>.*?</tr>', table(sweep, "sweep-trials"), re.S)
+    assert [(int(n), s, int(e)) for _, n, s, _, e in rows] == [
+        (t.number, t.state, max(t.epochs)) for t in trials]
+    assert [c for c, n, *_ in rows if "best" in c.split()] == [f"{best.state} best"]
+    pruned = next(t for t in trials if t.state == "pruned")
+    assert rows[pruned.number][3] == f"{pruned.value:.4f}"
+    failed = next(t for t in trials if t.state == "failed")
+    assert rows[failed.number][3] == "&mdash;"
+    assert "&lt;script&gt;alert" in sweep and "<script" not in page
+    # The plots are images beside index.html, and the page names no other file.
+    drawn = sorted(p.name for p in (tmp_path / "report").glob("sweep_*.png"))
+    assert drawn == ["sweep_objective.png", "sweep_params.png"]
+    for name in drawn:
+        width, height = png_size(tmp_path / "report" / name)
+        assert width >= 600 and height >= 250
+        assert f'src="{name}"' in sweep
+    assert sorted(re.findall(r'src="([^"]+)"', page)) == sorted(
+        ["learning_curves.png", "confusion_matrix.png", *drawn])
+    # A learning rate over more than two decades is drawn on a log axis, the batch size
+    # on a linear one, and a choice of strings as categories.
+    scales = plot_sweep(json.loads((tmp_path / "sweep.json").read_text()), tmp_path)["scales"]
+    assert scales == {"fit.learning_rate": "log", "fit.batch_size": "linear",
+                      "dataset.augment": "categories"}
+    # Rebuilt, the plots are the same bytes.
+    before = {n: (tmp_path / "report" / n).read_bytes() for n in drawn}
+    report.build_report(tmp_path)
+    assert {n: (tmp_path / "report" / n).read_bytes() for n in drawn} == before
+
+
+def test_a_report_without_sweep_json_has_no_sweep_section(tmp_path):
+    write_records(tmp_path)
+    page = report.build_report(tmp_path).read_text()
+    assert 'id="sweep"' not in page and "<h2>Sweep" not in page and "trials (" not in page
+    assert not list((tmp_path / "report").glob("sweep_*"))

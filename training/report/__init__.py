@@ -10,7 +10,10 @@ names are ``training.layout``'s) and writes ``<model_dir>/report/``:
 * ``learning_curves.png``   loss, accuracy and learning rate per epoch, train and
                             validation, with the epochs where the learning rate dropped
                             and the epoch whose weights early stopping kept;
-* ``confusion_matrix.png``  test-split counts, rows true class, columns predicted.
+* ``confusion_matrix.png``  test-split counts, rows true class, columns predicted;
+* ``sweep_objective.png``, ``sweep_params.png``  for a version a hyperparameter sweep
+                            picked (``sweep.json`` in the model directory): the trials'
+                            objective, and each searched value against it.
 
 Because ``report/`` lives in the model directory, ``steps.publish`` uploads it with
 the version: the report of version ``V`` of model ``M`` is
@@ -23,6 +26,8 @@ The package:
 * ``render``     the one Jinja2 template environment (``templates/``: ``base.html`` with
                  the one stylesheet ``style.css``, ``report.html``, and the Models page's
                  ``models.html`` and ``refused.html``), autoescaping every ``.html``;
+* ``sweep``      the Sweep section's text and rows from ``sweep.json`` (and the Models
+                 page's "best of N trials" line); ``sweep_plots`` its plots;
 * ``build``      reads the records and writes the report directory atomically;
 * ``cli``        ``python -m training.report MODEL_DIR``.
 

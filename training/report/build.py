@@ -26,6 +26,9 @@ from training.report.plots import (
     plot_learning_curves,
 )
 from training.report.render import render_report
+from training.report.sweep import sweep_section
+from training.report.sweep_plots import plot_sweep
+from training.sweep.record import SWEEP_JSON
 
 __all__ = ["build_report"]
 
@@ -51,8 +54,8 @@ def build_report(model_dir: str | os.PathLike[str]) -> Path:
     if not model_dir.is_dir():
         raise ReportError(f"model directory {os.fspath(model_dir)!r} does not exist; pass "
                           f"the run's model/ directory (it holds {HISTORY})")
-    history, evaluation, config, run, data_stats = (
-        _read(model_dir, n) for n in (HISTORY, EVALUATION, CONFIG, RUN, DATA_STATS))
+    history, evaluation, config, run, data_stats, sweep = (
+        _read(model_dir, n) for n in (HISTORY, EVALUATION, CONFIG, RUN, DATA_STATS, SWEEP_JSON))
     if history is None and evaluation is None:
         raise ReportError(f"{os.fspath(model_dir)!r} has neither {HISTORY} nor {EVALUATION}; "
                           "train (and evaluate) before building a report")
@@ -68,9 +71,12 @@ def build_report(model_dir: str | os.PathLike[str]) -> Path:
     if evaluation is not None and evaluation.get("challenger"):
         plot_confusion_matrix(evaluation["challenger"].get("confusion_matrix", []),
                               partial / CONFUSION_MATRIX)
+    section = None
+    if isinstance(sweep, dict):  # a version picked by a sweep (training.sweep.record)
+        section = sweep_section(sweep, plot_sweep(sweep, partial))
     (partial / REPORT_INDEX).write_text(
         render_report(history=history, evaluation=evaluation, config=config, run=run,
-                      marks=marks, data_stats=data_stats),
+                      marks=marks, data_stats=data_stats, sweep=section),
         encoding="utf-8")
     files.swap_dir(final)
     return final / REPORT_INDEX

@@ -18,11 +18,13 @@ LEARNING_CURVES = "learning_curves.png"
 CONFUSION_MATRIX = "confusion_matrix.png"
 # Beyond this many classes the matrix cells are too small to print their counts.
 _ANNOTATE_MAX_CLASSES = 20
-# PNG metadata without the matplotlib version: the same inputs give the same bytes.
-_PNG_METADATA = {"Software": None}
+# PNG metadata without the matplotlib version: the same inputs give the same bytes
+# (``sweep_plots`` draws with the same figure and metadata).
+PNG_METADATA = {"Software": None}
 
 
-def _figure(width: float, height: float) -> Any:
+def figure(width: float, height: float) -> Any:
+    """A matplotlib ``Figure`` on the Agg canvas (no pyplot), laid out by constraint."""
     from matplotlib.figure import Figure
 
     return Figure(figsize=(width, height), dpi=100, layout="constrained")
@@ -52,7 +54,7 @@ def plot_learning_curves(history: Mapping[str, Any], path: str | Path) -> dict[s
         panels.append(("learning_rate", "learning rate"))
     if "images_per_s" in metrics:  # callbacks.throughput: the training part of each epoch
         panels.append(("images_per_s", "training images/s"))
-    fig = _figure(4.2 * max(len(panels), 1), 3.6)
+    fig = figure(4.2 * max(len(panels), 1), 3.6)
     axes = fig.subplots(1, max(len(panels), 1), squeeze=False)[0]
     if not panels:
         axes[0].text(0.5, 0.5, "no per-epoch metrics recorded", ha="center", va="center")
@@ -86,7 +88,7 @@ def plot_learning_curves(history: Mapping[str, Any], path: str | Path) -> dict[s
         ax.set_xlabel("epoch")
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize="small")
-    fig.savefig(path, format="png", metadata=_PNG_METADATA)
+    fig.savefig(path, format="png", metadata=PNG_METADATA)
     return {"lr_drops": lr_drops, "best_epoch": best, "restored_best_weights": restored,
             "stopped_epoch": stopped, "panels": [name for name, _ in panels]}
 
@@ -104,7 +106,7 @@ def plot_confusion_matrix(matrix: Sequence[Sequence[int]], path: str | Path,
     n = counts.shape[0] if counts.ndim == 2 else 0
     labels = [str(c) for c in (labels if labels is not None else range(n))]
     side = min(max(3.5, 0.45 * n + 2.0), 14.0)
-    fig = _figure(side + 1.0, side)
+    fig = figure(side + 1.0, side)
     ax = fig.subplots()
     if n == 0:
         ax.text(0.5, 0.5, "no confusion matrix recorded", ha="center", va="center")
@@ -126,5 +128,5 @@ def plot_confusion_matrix(matrix: Sequence[Sequence[int]], path: str | Path,
                     ax.text(j, i, str(counts[i, j]), ha="center", va="center", fontsize=8,
                             color="white" if shares[i, j] > 0.5 else "black")
     ax.set_title("confusion matrix (test split)")
-    fig.savefig(path, format="png", metadata=_PNG_METADATA)
+    fig.savefig(path, format="png", metadata=PNG_METADATA)
     return {"classes": n, "annotated": 0 < n <= _ANNOTATE_MAX_CLASSES}

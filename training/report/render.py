@@ -17,6 +17,7 @@ from typing import Any
 from urllib.parse import quote
 
 from training.report.plots import CONFUSION_MATRIX, LEARNING_CURVES
+from training.report.sweep import SWEEP_ANCHOR
 
 __all__ = ["environment", "render", "render_report"]
 
@@ -74,7 +75,7 @@ def environment() -> Any:
     )
     env.filters.update(cell=cell_text, metric=metric_text, url_segment=url_segment)
     env.globals.update(KEY_METRICS=KEY_METRICS, LEARNING_CURVES=LEARNING_CURVES,
-                       CONFUSION_MATRIX=CONFUSION_MATRIX)
+                       CONFUSION_MATRIX=CONFUSION_MATRIX, SWEEP_ANCHOR=SWEEP_ANCHOR)
     return env
 
 
@@ -236,9 +237,11 @@ def _starting_weights(run: Mapping[str, Any]) -> str | None:
 def render_report(*, history: Mapping[str, Any] | None, evaluation: Mapping[str, Any] | None,
                   config: Mapping[str, Any] | None, run: Mapping[str, Any] | None,
                   marks: Mapping[str, Any] | None,
-                  data_stats: Mapping[str, Any] | None = None) -> str:
-    """The report page from the records (any of them may be None) and the marks
-    ``plot_learning_curves`` drew."""
+                  data_stats: Mapping[str, Any] | None = None,
+                  sweep: Mapping[str, Any] | None = None) -> str:
+    """The report page from the records (any of them may be None), the marks
+    ``plot_learning_curves`` drew and, for a version a sweep picked, the Sweep section
+    (``sweep.sweep_section``)."""
     evaluation_ = evaluation or {}
     run_ = run or {}
     name = evaluation_.get("model_name") or (config or {}).get("storage", {}).get("model_name")
@@ -266,4 +269,5 @@ def render_report(*, history: Mapping[str, Any] | None, evaluation: Mapping[str,
               "speed": _speed(run.get("throughput")),
               "software": run.get("software") or {}} if run is not None else None),
         config_rows=_config_rows(config) if config is not None else None,
+        sweep=sweep,
     )

@@ -16,19 +16,26 @@ never trained again, and one trained with other settings is refused.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from training import backend
 from training.config import RunConfig
 from training.data.staging import StagedDataset
-from training.errors import WorkersFailed
+from training.errors import ConfigError, WorkersFailed
 from training.train import cluster
 
 
-def train(cfg: RunConfig, staged: StagedDataset) -> dict[str, Any]:
+def train(cfg: RunConfig, staged: StagedDataset, *,
+          extra_callbacks: Sequence[Any] = ()) -> dict[str, Any]:
     """Train ``cfg`` on ``staged``; returns what training reported (``TrainResult``'s
     dict). Raises ``WorkersFailed`` with the launcher's exit status when a worker of a
-    local multi-worker run fails."""
+    local multi-worker run fails. ``extra_callbacks`` (a sweep trial's pruning) join
+    ``fit`` in this process; a run trained elsewhere is refused them."""
+    if extra_callbacks and (cfg.runtime.workers > 1 or cluster.current()
+                            or cfg.runtime.backend != backend.chosen()):
+        raise ConfigError("a sweep trial's pruning callback runs only where the trial "
+                          "trains in this process: one worker, this process's backend")
     if cfg.runtime.workers > 1 and not cluster.current():
         from training.launch import local  # N worker processes on this host
 
@@ -44,7 +51,7 @@ def train(cfg: RunConfig, staged: StagedDataset) -> dict[str, Any]:
         return _in_child(cfg, staged)  # `run` in TensorFlow's process, asked for jax
     from training.train.fit import train as fit
 
-    return fit(cfg, staged).to_dict()
+    return fit(cfg, staged, extra_callbacks=extra_callbacks).to_dict()
 
 
 def _in_child(cfg: RunConfig, staged: StagedDataset) -> dict[str, Any]:

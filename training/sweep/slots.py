@@ -14,6 +14,8 @@ nights' trials only inform the sampler and the pruner, and give slot 0 its value
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
@@ -22,6 +24,8 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from training.sweep.record import TrialRecord
+
+log = logging.getLogger(__name__)
 
 SWEEP, SLOT, ATTEMPT, DATA = "sweep", "slot", "attempt", "data_fingerprint"
 ERROR, SKIPPED, FROM = "error", "skipped", "continued_from"
@@ -92,3 +96,22 @@ def record(trial: FrozenTrial | None, slot: int, run_dir: str,
         run_dir=run_dir, error=trial.user_attrs.get(ERROR, ""),
         data_fingerprint=trial.user_attrs.get(DATA, ""),
         continued_from=trial.user_attrs.get(FROM, ""))
+
+
+def wait_for_lane(study: optuna.Study, run_id: str, slot: int, parallel: int,
+                  poll_s: float = 2.0) -> None:
+    """Return once the trial ``parallel`` slots before ``slot`` is not training: it ended,
+    or its task stopped it (a reason recorded, waiting for a retry). With every trial
+    task waiting so, at most ``parallel`` trials train at once, whichever tasks the
+    scheduler starts (the DAG's mapped trials, started in slot order)."""
+    ahead, told = slot - parallel, False
+    while ahead >= 0:
+        trial = current(study, run_id, ahead)
+        if trial is None or trial.state not in (TrialState.WAITING, TrialState.RUNNING) \
+                or ERROR in trial.user_attrs:
+            return
+        if not told:
+            log.info("trial %d waits for trial %d to end (sweep.parallel %d)", slot, ahead,
+                     parallel)
+            told = True
+        time.sleep(poll_s)

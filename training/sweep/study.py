@@ -36,6 +36,8 @@ from training.sweep.slots import ATTEMPT, ERROR, FROM, SKIPPED, SWEEP
 from training.sweep.storage import open_storage, shown_storage, storage_url
 from training.sweep.trial import trial_run_dir
 
+optuna.logging.set_verbosity(optuna.logging.WARNING)  # steps.sweep logs what a sweep does
+
 CLAIM_TRIES = 5
 DRAW_WAIT_S = 10  # a resumed trial waits this long for the values its claimant draws
 

@@ -5,7 +5,9 @@ Each version comes with its manifest's metrics, whether it has a report, and, fr
 published ``evaluation.json`` (read once per version and cached, see ``stores``): the
 dataset it was trained on, the Keras backend that trained it and how fast (training
 images per second, the median epoch), and its holdout accuracy where the evaluation has
-a holdout.
+a holdout; for a version a hyperparameter sweep picked, the line "best of N trials
+(k pruned, f failed)" from its published ``sweep.json`` (only its counts are read into
+the cache).
 Each version not in production gets the action the page offers for it: ``promote`` for
 one published after production (or any, before the first promotion), ``rollback`` for
 one published before it.
@@ -19,6 +21,8 @@ from models_view.parts.plot import accuracy_plot
 from models_view.parts.stores import JSON_FILES
 from training.errors import IntegrityError
 from training.layout import EVALUATION, MODELS_PREFIX, REPORT_DIR, REPORT_INDEX, version_key
+from training.report.sweep import trials_line
+from training.sweep.record import SWEEP_JSON
 
 # A version's report page, relative to the version (``layout.version_key``).
 REPORT_FILE = f"{REPORT_DIR}/{REPORT_INDEX}"
@@ -45,6 +49,12 @@ def _evaluation_facts(evaluation: Any) -> dict[str, Any]:
             "holdout_accuracy": _number(accuracy)}
 
 
+def sweep_counts(document: Any) -> Any:
+    """What the page keeps of a version's ``sweep.json``: its counts (the trials, with
+    every epoch's objective, may be long)."""
+    return document.get("counts") if isinstance(document, dict) else None
+
+
 def offered_action(index: int, production_index: int | None) -> str | None:
     """What the page offers for the version at ``index`` (most recently published first):
     nothing for production, ``promote`` for a newer one, ``rollback`` for an older one."""
@@ -62,10 +72,14 @@ def describe_versions(registry: Any, name: str, versions: list[dict[str, Any]],
         version = entry["version"]
         entry["has_report"] = version_key(name, version, REPORT_FILE) in keys
         entry["test_accuracy"] = _number((entry.get("metrics") or {}).get("accuracy"))
+        publication = (entry.get("published"), entry["run_id"])
         key = version_key(name, version, EVALUATION)
-        evaluation = (JSON_FILES.read(registry, key, (entry.get("published"), entry["run_id"]))
-                      if key in keys else None)
+        evaluation = JSON_FILES.read(registry, key, publication) if key in keys else None
         entry.update(_evaluation_facts(evaluation))
+        key = version_key(name, version, SWEEP_JSON)
+        entry["sweep"] = (trials_line(JSON_FILES.read(registry, key, publication,
+                                                      keep=sweep_counts))
+                          if key in keys else None)
         entry["action"] = offered_action(index, production_index)
 
 

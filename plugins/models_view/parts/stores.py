@@ -5,8 +5,9 @@ The registry is reopened every ``STORE_CACHE_S`` seconds. ``STORES.secrets`` hol
 connection's keys as soon as they are read, so that any text shown afterwards (an error
 from opening or reading the store included) is scrubbed of them. A published version's
 files never change (its manifest is written last, once), so the JSON files the page
-reads from them (``evaluation.json``, ``config.json``) are kept in a bounded cache, keyed
-by the store, the key and what identifies that version's publication.
+reads from them (``evaluation.json``, ``config.json``, ``sweep.json``) are kept in a
+bounded cache, keyed by the store, the key and what identifies that version's
+publication; of a file that may be large, only the part the page shows is kept.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -91,14 +92,16 @@ class JsonFiles:
         self._cache: OrderedDict[Hashable, Any] = OrderedDict()
 
     def read(self, registry: Any, key: str, publication: Hashable,
-             sha256: str | None = None) -> Any:
+             sha256: str | None = None, keep: Callable[[Any], Any] | None = None) -> Any:
         """The JSON at ``key`` of ``registry``'s store; None if it is not JSON, or does not
         match ``sha256`` (the version's manifest's) when given. ``publication`` tells this
         version's publication from another under the same key (a version deleted and
-        published again)."""
+        published again). ``keep``: what of the parsed value to return and cache (a
+        module-level function, so it is the same object at every call), the whole value
+        when None."""
         from training.files import sha256_bytes
 
-        cache_key = (registry.store.uri, key, publication, sha256)
+        cache_key = (registry.store.uri, key, publication, sha256, keep)
         with self._lock:
             if cache_key in self._cache:
                 self._cache.move_to_end(cache_key)
@@ -110,6 +113,8 @@ class JsonFiles:
                 value = json.loads(data)
             except ValueError:
                 log.warning("Models page: %s is not valid JSON", key)
+            if keep is not None and value is not None:
+                value = keep(value)
         with self._lock:
             self._cache[cache_key] = value
             while len(self._cache) > self._entries:

@@ -1,0 +1,97 @@
+"""A sweep through the DAG with ``dag.test()``: one mapped ``trial`` task per trial, named
+by its values, the best trial published and promoted, ``sweep.json`` with every trial;
+a trial that fails is recorded and the sweep still publishes."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+SPACE = {"fit.learning_rate": {"float": [1e-3, 3e-2], "log": True},
+         "fit.batch_size": {"choices": [32, 64]}}
+
+
+def _task_instances(run_id: str) -> list:
+    from airflow.models import TaskInstance
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        tis = session.query(TaskInstance).filter(TaskInstance.run_id == run_id).all()
+        session.expunge_all()
+        return tis
+
+
+def _xcom(run_id: str, task_id: str, key: str = "return_value") -> object:
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        row = session.query(XComModel).filter(XComModel.run_id == run_id,
+                                              XComModel.task_id == task_id,
+                                              XComModel.key == key).first()
+        return None if row is None else row.value
+
+
+@pytest.fixture
+def dag(airflow_db, tmp_path, monkeypatch):
+    from airflow.dag_processing.dagbag import DagBag
+
+    monkeypatch.setenv("TRAINING_STORE_URI", str(tmp_path / "store"))
+    return DagBag(os.environ["AIRFLOW__CORE__DAGS_FOLDER"]).dags["keras_retrain"]
+
+
+def test_a_sweep_of_four_trials_runs_as_mapped_tasks_and_its_best_is_published(dag, tmp_path):
+    from training.registry import open_store
+    from training.registry.versions import ModelRegistry
+
+    conf = {"epochs": 2, "min_accuracy": 0, "model_name": "swept", "backup_interval_s": 0,
+            "sweep_trials": 4, "sweep_parallel": 2, "sweep_sampler": "random",
+            "sweep_pruner": "none", "sweep_space": json.dumps(SPACE), "sweep_seed": 3}
+    run = dag.test(run_conf=conf)
+    tis = _task_instances(run.run_id)
+    states = {(t.task_id, t.map_index): str(t.state) for t in tis}
+    assert str(run.state) == "success", states
+    trials = sorted((t for t in tis if t.task_id == "trial"), key=lambda t: t.map_index)
+    assert [t.map_index for t in trials] == [0, 1, 2, 3]
+    assert {str(t.state) for t in trials} == {"success"}
+    # Each instance is named by its values in the grid.
+    for t in trials:
+        assert t.rendered_map_index.startswith(f"t{t.map_index} batch_size="), \
+            t.rendered_map_index
+        assert " learning_rate=" in t.rendered_map_index
+    picked = _xcom(run.run_id, "train")
+    assert picked["run_id"].endswith(tuple(f"-t{i}" for i in range(4)))
+    published = _xcom(run.run_id, "publish")
+    assert published["version"] == picked["run_id"]
+    registry = ModelRegistry(open_store(str(tmp_path / "store")))
+    assert registry.production("swept") == picked["run_id"]
+    sweep = json.loads(open_store(str(tmp_path / "store")).get_bytes(
+        f"models/swept/versions/{picked['run_id']}/sweep.json"))
+    assert [t["number"] for t in sweep["trials"]] == [0, 1, 2, 3]
+    assert {t["state"] for t in sweep["trials"]} == {"complete"}
+    assert sweep["counts"]["trials"] == 4
+    best = sweep["best"]
+    assert picked["run_id"].endswith(f"-t{best['number']}")
+    # The best is the best: val_loss is minimised.
+    assert best["value"] == min(t["value"] for t in sweep["trials"])
+    # Its published config is the trial's: the searched values, no sweep.
+    config = json.loads(open_store(str(tmp_path / "store")).get_bytes(
+        f"models/swept/versions/{picked['run_id']}/config.json"))
+    assert config["fit"]["learning_rate"] == best["params"]["fit.learning_rate"]
+    assert config["fit"]["batch_size"] == best["params"]["fit.batch_size"]
+    assert config["sweep"]["trials"] == 0
+
+
+def test_a_run_without_a_sweep_plans_no_trial_and_trains_as_always(dag):
+    run = dag.test(run_conf={"epochs": 1, "min_accuracy": 0, "model_name": "plain",
+                             "backup_interval_s": 0})
+    states = {(t.task_id, t.map_index): str(t.state) for t in _task_instances(run.run_id)}
+    assert str(run.state) == "success", states
+    assert _xcom(run.run_id, "plan_trials") == []
+    assert states[("trial", -1)] == "skipped"
+    assert states[("train", -1)] == "success"
+    assert "picked_from_sweep" not in _xcom(run.run_id, "train")
