@@ -102,12 +102,15 @@ def write(run_dir: Path, ti: Any, dag_run: Any, graph: dict[str, list[str]], sta
     """The step's record, written whole (a temporary file, then renamed)."""
     folder = Path(run_dir) / AIRFLOW_RECORDS
     folder.mkdir(parents=True, exist_ok=True)
-    record = {"task_id": ti.task_id, "dag_id": ti.dag_id, "airflow_run_id": ti.run_id,
+    mapped = getattr(ti, "map_index", -1)
+    mapped = mapped if isinstance(mapped, int) and mapped >= 0 else None
+    record = {"task_id": ti.task_id, "map_index": mapped, "dag_id": ti.dag_id,
+              "airflow_run_id": ti.run_id,
               "run_after": dag_run.run_after.isoformat(), "try_number": ti.try_number,
               "state": state, "value": value, "graph": graph,
               "ended": datetime.now(UTC).isoformat(), "timing": timed.to_dict(),
               "heavy_modules": sorted(m for m in HEAVY if m in sys.modules)}
-    path = folder / f"{ti.task_id}.json"
+    path = folder / f"{key(record)}.json"
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(record, indent=2, default=str) + "\n")
     os.replace(tmp, path)
@@ -122,8 +125,14 @@ def read_run(run_dir: Path) -> dict[str, dict[str, Any]]:
         except (OSError, ValueError):
             continue
         if isinstance(record, dict) and "task_id" in record:
-            records[record["task_id"]] = record
+            records[key(record)] = record
     return records
+
+
+def key(record: dict[str, Any]) -> str:
+    """A record's name: its task id, and a mapped instance's index (``trial[2]``)."""
+    index = record.get("map_index")
+    return record["task_id"] if index is None else f"{record['task_id']}[{index}]"
 
 
 def latest_run(output_dir: Path, dag_id: str) -> dict[str, dict[str, Any]] | None:
@@ -134,25 +143,35 @@ def latest_run(output_dir: Path, dag_id: str) -> dict[str, dict[str, Any]] | Non
         records = {k: r for k, r in read_run(folder.parent).items() if r.get("dag_id") == dag_id}
         if not records:
             continue
-        key = max((r.get("run_after", ""), r.get("ended", "")) for r in records.values())
-        if best_key is None or key > best_key:
-            best, best_key = records, key
+        newest = max((r.get("run_after", ""), r.get("ended", "")) for r in records.values())
+        if best_key is None or newest > best_key:
+            best, best_key = records, newest
     return best
 
 
 def task_states(records: dict[str, dict[str, Any]]) -> dict[str, str]:
     """Every task of the run (the DAG's graph is in each record) and its state: a
-    recorded one's own; one that never ran is ``upstream_failed`` below a failed task,
-    ``skipped`` below a skipped one (Airflow's default trigger rule), else ``not run``."""
+    recorded one's own; a mapped one's, its instances' worst; one that never ran is
+    ``upstream_failed`` below a failed task, ``skipped`` below a skipped one (Airflow's
+    default trigger rule) or below a step that returned an empty list (a mapped task
+    over nothing: a run without a sweep's ``trial``), else ``not run``."""
     graph: dict[str, list[str]] = {}
     for record in records.values():
         graph.update(record.get("graph", {}))
     states = {task: record["state"] for task, record in records.items()}
+    for task in graph:  # a mapped task: its instances' worst state
+        instances = {r["state"] for r in records.values()
+                     if r["task_id"] == task and r.get("map_index") is not None}
+        if instances:
+            states[task] = next((s for s in ("failed", "skipped") if s in instances),
+                                "success")
     for _ in graph:  # enough passes for the longest chain
         for task in graph:
-            if task in records:
+            if task in states:
                 continue
-            above = {states.get(up, "not run") for up, downs in graph.items() if task in downs}
+            ups = [up for up, downs in graph.items() if task in downs]
+            above = {states.get(up, "not run") for up in ups}
+            nothing = any(records.get(up, {}).get("value") == [] for up in ups)
             states[task] = ("upstream_failed" if above & {"failed", "upstream_failed"} else
-                            "skipped" if "skipped" in above else "not run")
+                            "skipped" if "skipped" in above or nothing else "not run")
     return states

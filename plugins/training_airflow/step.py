@@ -26,12 +26,13 @@ task starts it again on a frozen config. The operators: ``tasks.py``, ``sweep_ta
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 from airflow.sdk import BaseOperator
 
 from training.deployment import Deployment
-from training_airflow.params import config_for
+from training_airflow.params import config_for, run_id_for
 
 CONFIG_XCOM = "config"  # the first step's frozen config: {"path", "sha256"}
 
@@ -95,9 +96,11 @@ class Step(BaseOperator):
         imported = time.perf_counter() - began
         self.deployment = self.read_deployment()
         cfg = self.run_config(context)
-        ti, dag_run, run_dir = context.get("ti"), context.get("dag_run"), cfg.run_dir()
+        ti, dag_run = context.get("ti"), context.get("dag_run")
         if ti is None or dag_run is None or not self.has_dag():
             return self.work(cfg, context)  # called outside a DAG run: nothing to record
+        # The DAG run's own run directory, also for the steps on a sweep's picked trial.
+        run_dir = Path(cfg.storage.output_dir) / run_id_for(dag_run.run_id)
         timed = records.timing(run_dir, ti, dag_run, self.upstream_task_ids, entered,
                                imported)
         self.log.info("%s", timed.line())

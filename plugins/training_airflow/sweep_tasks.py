@@ -3,15 +3,16 @@
 A run whose config has a sweep (``sweep.trials`` above 0, docs/sweeps.md) trains in
 the mapped ``TrialOperator``: ``plan_trials`` opens the study and returns the slots
 (none without a sweep, so the mapped task expands to nothing and is skipped: Airflow
-maps only over a return value), one task instance per slot, named in the grid by its values
-(``map_index_template``). Each runs ``training.steps.sweep.run_trial`` with this task's
+maps only over a return value), one task instance per slot, named in the grid by its
+values (``map_index_template``). Each runs ``training.steps.sweep.run_trial`` with this task's
 launcher: ``python -m training train --trial-of ... --trial N`` as its child
 (``Step.run_command``, the connection's credentials in its environment), or a Job of
-its own under ``launcher=kubernetes``. A trial waits for the one ``sweep.parallel``
-slots before it to end, so at most ``sweep.parallel`` train at once whatever the pool
-lets start. A trial killed (a task timed out, a worker lost) fails its try and is
-retried: it resumes its backup under the same slot. A trial that fails for good is
-recorded in the study and fails its task without retries; the sweep goes on.
+its own under ``launcher=kubernetes``. A new trial is claimed only while fewer than
+``sweep.parallel`` of the sweep's trials train (else its task waits for any of them to
+end), so at most that many train at once whatever the pool lets start. A trial killed (a
+task timed out, a worker lost) fails its try and is retried: it resumes its backup under
+the same slot. A trial that fails for good is recorded in the study and fails its task
+without retries; the sweep goes on.
 
 Then ``train`` (``TRIGGER_RULE``: it runs once every trial has ended, however they
 ended) picks the best trial (``pick``): its frozen config goes on in XCom ``config``,

@@ -66,6 +66,7 @@ def test_first_run_promotes_second_records_why_not_invalid_conf_never_runs(
     first = dag.test(run_conf=conf)
     states, xcoms = _states_and_xcoms(first.run_id)
     assert str(first.state) == "success"
+    assert states.pop("trial") == "skipped", states  # no sweep: no trial to map
     assert set(states.values()) == {"success"}, states
     # `epochs` from the form to model.fit: checked once, by the first task, in this
     # process (the five after it thaw the frozen config), and once in each training
@@ -173,6 +174,7 @@ def test_a_module_function_model_trains_publishes_and_promotes_through_the_dag(
                              "epochs": 1, "min_accuracy": 0})
     states, xcoms = _states_and_xcoms(run.run_id)
     assert str(run.state) == "success", states
+    assert states.pop("trial") == "skipped", states  # no sweep: no trial to map
     assert set(states.values()) == {"success"}, states
     published = xcoms[("publish", "return_value")]
     assert published["model_name"] == "digits-tiny_model-tiny_convnet"

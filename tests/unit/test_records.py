@@ -56,6 +56,36 @@ def test_tasks_that_never_ran_take_the_state_airflow_gives_them(tmp_path):
         "failed", "upstream_failed", "upstream_failed", "upstream_failed"]
 
 
+SWEEP_GRAPH = {"plan_trials": ["trial"], "trial": ["train"], "train": []}
+
+
+def _write_mapped(run_dir, task_id, state, value=None, map_index=-1):
+    ti = _ti(task_id)
+    ti.map_index = map_index
+    timed = records.Timing(queued=0.5, started=1.0, imports=0.25)
+    timed.finish()
+    records.write(run_dir, ti, _run(), SWEEP_GRAPH, state, value, timed)
+
+
+def test_a_mapped_tasks_instances_keep_a_record_each_and_the_task_takes_the_worst(tmp_path):
+    swept = tmp_path / "swept"
+    _write_mapped(swept, "plan_trials", "success", [0, 1, 2])
+    for index, state in enumerate(("success", "failed", "success")):
+        _write_mapped(swept, "trial", state, {"slot": index}, map_index=index)
+    _write_mapped(swept, "train", "success")
+    read = records.read_run(swept)
+    assert {k: r["value"] for k, r in read.items() if r["task_id"] == "trial"} == {
+        "trial[0]": {"slot": 0}, "trial[1]": {"slot": 1}, "trial[2]": {"slot": 2}}
+    states = records.task_states(read)
+    assert states["trial"] == "failed" and states["trial[1]"] == "failed"
+    assert states["trial[0]"] == "success" and states["train"] == "success"
+    # Without a sweep there is nothing to map over: the task never ran, skipped.
+    plain = tmp_path / "plain"
+    _write_mapped(plain, "plan_trials", "success", [])
+    _write_mapped(plain, "train", "success")
+    assert records.task_states(records.read_run(plain))["trial"] == "skipped"
+
+
 def test_the_summary_is_the_latest_run_of_the_dag_read_from_its_records(tmp_path):
     runs = tmp_path / "runs"
     old, new, other = runs / "old", runs / "new", runs / "other"

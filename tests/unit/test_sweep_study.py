@@ -113,6 +113,39 @@ def test_processes_asking_at_once_each_get_their_slot_and_one_trial_per_slot(tmp
     assert len(sweeps.open_study(swept(tmp_path), "data-1").study.trials) == 4
 
 
+def _trial_in_a_lane(job):
+    """A trial task: claim its slot within the lanes, "train" a moment, tell; when."""
+    import time
+
+    output_dir, slot = job
+    sweep = sweeps.open_study(swept(output_dir, parallel=2), "data-1")
+    handle = sweeps.ask(sweep, slot, lanes=2)
+    began = time.time()
+    time.sleep(1.5)
+    handle.report(0.5, 1)
+    sweeps.tell(handle, "complete")
+    return slot, began, time.time()
+
+
+def test_trials_started_in_any_order_train_at_most_parallel_at_once_and_all_end(tmp_path):
+    # Airflow may start the mapped trials in any order, all at once: the last slots first
+    # here. A trial waits for any lane, never for a given trial, so none waits forever.
+    sweeps.plan(sweeps.open_study(swept(tmp_path, parallel=2), "data-1"))
+    jobs = [(str(tmp_path), slot) for slot in (3, 2, 1, 0)]
+    with multiprocessing.get_context("spawn").Pool(4) as pool:
+        spans = pool.map(_trial_in_a_lane, jobs)
+    assert sorted(slot for slot, *_ in spans) == [0, 1, 2, 3]
+    events = sorted([(began, 1) for _, began, _ in spans] + [(end, -1) for *_, end in spans],
+                    key=lambda e: (e[0], e[1]))
+    training = most = 0
+    for _, step in events:
+        training += step
+        most = max(most, training)
+    assert most == 2, spans  # two at once, never three
+    records = sweeps.close(sweeps.open_study(swept(tmp_path, parallel=2), "data-1"))
+    assert [r.state for r in records] == ["complete"] * 4
+
+
 def test_tell_complete_pruned_failed_and_a_failure_a_retry_may_fix(tmp_path):
     sweep = sweeps.open_study(swept(tmp_path, max_failed=1), "data-1")
     sweeps.plan(sweep)

@@ -104,10 +104,13 @@ def check_value(section: str, f: dataclasses.Field, value: Any) -> Any:
             raise ConfigError(f"{name} must be a list of strings, got {shown(value)}")
         return list(value)
     if kind is dict:
+        # values: scalars (model.args), or anything with ``nested`` (sweep.space: its own
+        # parser checks each distribution)
+        scalar = object if meta.get("nested") else (int, float, bool, str)
         if not isinstance(value, Mapping) or not all(
-                isinstance(k, str) and isinstance(v, (int, float, bool, str))
-                for k, v in value.items()):
-            raise ConfigError(f"{name} must be {OBJECT_WORDS}, got {shown(value)}")
+                isinstance(k, str) and isinstance(v, scalar) for k, v in value.items()):
+            raise ConfigError(f"{name} must be {meta.get('says') or OBJECT_WORDS}, got "
+                              f"{shown(value)}")
         return dict(value)
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
@@ -145,6 +148,7 @@ class FieldSpec:
     deployment: bool
     rules: dict[str, Any]
     says: str | None = None  # the pattern's rule in words
+    nested: bool = False  # an object whose values are objects (sweep.space)
 
     @property
     def optional(self) -> bool:
@@ -175,6 +179,7 @@ def field_specs(sections: Mapping[str, type[Section]]) -> list[FieldSpec]:
                 type="array" if is_list else JSON_TYPES[kind], default=default,
                 description=meta["description"], nullable=bool(meta.get("nullable")),
                 deployment=meta["deployment"], rules=rules, says=meta.get("says"),
+                nested=bool(meta.get("nested")),
             ))
     keys = [s.key for s in specs]
     assert len(keys) == len(set(keys)), f"duplicate config keys: {keys}"
@@ -191,7 +196,8 @@ def property_schema(spec: FieldSpec) -> dict[str, Any]:
     if spec.type == "array":
         prop["items"] = {"type": "string"}
     if spec.type == "object":
-        prop["additionalProperties"] = {"type": ["string", "number", "integer", "boolean"]}
+        prop["additionalProperties"] = {"type": "object" if spec.nested else
+                                        ["string", "number", "integer", "boolean"]}
     rules = dict(spec.rules)
     if "exclusive_minimum" in rules:
         prop["exclusiveMinimum"] = rules.pop("exclusive_minimum")

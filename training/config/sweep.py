@@ -83,12 +83,12 @@ class SweepConfig(Section):
         "(successive halving from 1 epoch to fit.epochs), none.",
         key="sweep_pruner", enum=["median", "hyperband", "none"],
     )
-    space: str = setting(
-        "", "The fields searched, as a JSON object of config fields to distributions, e.g. "
+    space: dict[str, Any] = setting(
+        {}, "The fields searched, as a JSON object of config fields to distributions, e.g. "
         "{\"fit.learning_rate\": {\"float\": [0.0001, 0.1], \"log\": true}, "
         "\"fit.batch_size\": {\"choices\": [32, 64, 128]}, \"model.args.dropout\": "
-        "{\"float\": [0.0, 0.5]}} (int ranges: {\"int\": [16, 256]}); a JSON config file "
-        "may give the object itself.", key="sweep_space",
+        "{\"float\": [0.0, 0.5]}} (int ranges: {\"int\": [16, 256]}).", key="sweep_space",
+        nested=True,
         says="empty, or a JSON object of config fields to distributions",
     )
     max_failed: int = setting(
@@ -123,7 +123,7 @@ class SweepConfig(Section):
     )
 
     def __post_init__(self) -> None:
-        # A JSON config file may give the space as an object; the config holds it as text.
+        # Given as an object or as its JSON text; the config holds the object, keys sorted.
         object.__setattr__(self, "space", canonical(self.space))
         if isinstance(self.storage, str):  # before any error could echo a password
             check_storage(self.storage)
@@ -141,7 +141,8 @@ class SweepConfig(Section):
     def _check_section(self) -> None:
         params = self.params
         if not self.enabled:
-            defaults = {f.name: f.default for f in dataclasses.fields(self)}
+            defaults = {f.name: f.default_factory() if f.default is dataclasses.MISSING
+                        else f.default for f in dataclasses.fields(self)}
             for f in dataclasses.fields(self):
                 value = getattr(self, f.name)
                 if not f.metadata["deployment"] and value != defaults[f.name]:

@@ -90,15 +90,13 @@ def run_trial(cfg: RunConfig, staged: StagedDataset, slot: int, launch: Launch, 
     """Train slot ``slot``'s trial with ``launch(trial_cfg, flags)`` (module doc), the
     flags naming ``base_config`` (``cfg`` as a file the child reads); what it ended as:
     ``{"slot", "state", "run_id", "run_dir", "params", "value", "label"}``. ``lanes``
-    (trial tasks that may all start at once): first wait for the trial ``sweep.parallel``
-    slots before to end. ``announce`` is told the trial's label once its values are
-    known."""
-    from training.sweep import slots, study, trial
+    (trial tasks that may all start at once): a new trial waits until fewer than
+    ``sweep.parallel`` train. ``announce`` is told the trial's label once its values
+    are known."""
+    from training.sweep import study, trial
 
     sweep = open_sweep(cfg, staged)
-    if lanes:
-        slots.wait_for_lane(sweep.study, cfg.run_id, slot, cfg.sweep.parallel)
-    handle = study.ask(sweep, slot)
+    handle = study.ask(sweep, slot, lanes=cfg.sweep.parallel if lanes else 0)
     announce(label(slot, handle.params))
     trial_cfg = trial.trial_config(cfg, slot, handle.params) if handle.params else None
     ended = {"slot": slot, "params": handle.params, "label": label(slot, handle.params),

@@ -17,6 +17,8 @@ import optuna
 
 from training.sweep.space import Param
 
+optuna.logging.set_verbosity(optuna.logging.WARNING)  # steps.sweep logs what a sweep does
+
 MEDIAN_MAX_STARTUP = 5  # completed trials before median pruning starts (fewer in small sweeps)
 MEDIAN_WARMUP_SHARE = 5  # the first 1/5 of the epochs are never pruned by the median
 HYPERBAND_REDUCTION = 3  # hyperband keeps the best third at each rung

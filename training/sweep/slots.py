@@ -15,6 +15,7 @@ nights' trials only inform the sampler and the pruner, and give slot 0 its value
 from __future__ import annotations
 
 import logging
+import random
 import time
 from collections.abc import Mapping
 from datetime import datetime
@@ -98,20 +99,44 @@ def record(trial: FrozenTrial | None, slot: int, run_dir: str,
         continued_from=trial.user_attrs.get(FROM, ""))
 
 
-def wait_for_lane(study: optuna.Study, run_id: str, slot: int, parallel: int,
-                  poll_s: float = 2.0) -> None:
-    """Return once the trial ``parallel`` slots before ``slot`` is not training: it ended,
-    or its task stopped it (a reason recorded, waiting for a retry). With every trial
-    task waiting so, at most ``parallel`` trials train at once, whichever tasks the
-    scheduler starts (the DAG's mapped trials, started in slot order)."""
-    ahead, told = slot - parallel, False
-    while ahead >= 0:
-        trial = current(study, run_id, ahead)
-        if trial is None or trial.state not in (TrialState.WAITING, TrialState.RUNNING) \
-                or ERROR in trial.user_attrs:
-            return
-        if not told:
-            log.info("trial %d waits for trial %d to end (sweep.parallel %d)", slot, ahead,
-                     parallel)
-            told = True
-        time.sleep(poll_s)
+def training(study: optuna.Study, run_id: str) -> list[FrozenTrial]:
+    """The sweep's trials training now (running, no stop recorded), first claimed first."""
+    found = [t for t in tonight(study, run_id)
+             if t.state == TrialState.RUNNING and not t.user_attrs.get(ERROR)]
+    return sorted(found, key=lambda t: (t.datetime_start or datetime.max, t.number))
+
+
+def claim_lane(storage: Any, study: optuna.Study, run_id: str, trial: FrozenTrial,
+               lanes: int, *, wait: bool, poll_s: float = 2.0) -> bool:
+    """Claim the waiting ``trial`` (waiting -> running) when fewer than ``lanes`` of its
+    sweep's trials train; True when claimed. Two claims at the same moment may both
+    pass the count: the later one (by start, then number) finds itself past ``lanes``
+    and puts its trial back to waiting. False, after a pause, when every lane is taken
+    (``wait``: the first time, say so). A waiting trial waits for any trial to end,
+    never for a given one, so no order of starting the tasks can deadlock them."""
+    if len(training(study, run_id)) < lanes and claim(storage, trial):
+        if trial.number in [t.number for t in training(study, run_id)[:lanes]]:
+            return True
+        storage.set_trial_state_values(trial._trial_id, TrialState.WAITING)
+    if wait:
+        log.info("trial %s waits for one of the %d trials training to end "
+                 "(sweep.parallel)", trial.user_attrs.get(SLOT), lanes)
+    time.sleep(poll_s + random.random())
+    return False
+
+
+def claim(storage: Any, trial: FrozenTrial) -> bool:
+    """``trial`` from waiting to running, if it still waits: one conditional UPDATE, so of
+    two processes claiming at once exactly one gets it, on SQLite as on PostgreSQL
+    (Optuna's own ``set_trial_state_values`` reads, then writes: on SQLite both passed)."""
+    import sqlalchemy
+    from optuna.storages._rdb import models
+
+    rdb = getattr(storage, "_backend", storage)  # Optuna's cache wrapper, if any
+    row = models.TrialModel
+    with rdb.engine.begin() as connection:
+        done = connection.execute(
+            sqlalchemy.update(row)
+            .where(row.trial_id == trial._trial_id, row.state == TrialState.WAITING)
+            .values(state=TrialState.RUNNING, datetime_start=datetime.now()))
+    return done.rowcount == 1

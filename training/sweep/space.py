@@ -78,12 +78,13 @@ class Param:
         return spec
 
 
-def canonical(space: Any) -> str:
-    """``space`` (a JSON text or, from a JSON config file, an object) as compact JSON
-    text with sorted keys: the config holds it so, and equal spaces read the same."""
+def canonical(space: Any) -> dict[str, Any]:
+    """``space`` (an object, or its JSON text: a form's text box, an older config) as a
+    plain JSON object with sorted keys: the config holds it so, and equal spaces read
+    the same."""
     if isinstance(space, str):
         if not space.strip():
-            return ""
+            return {}
         try:
             space = json.loads(space)
         except json.JSONDecodeError as exc:
@@ -92,17 +93,18 @@ def canonical(space: Any) -> str:
     if not isinstance(space, Mapping):
         raise ConfigError(f"sweep.space must be a JSON object of config fields to "
                           f"distributions, got {shown(space)}")
+    try:
+        return json.loads(json.dumps(space, sort_keys=True, allow_nan=False))
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"sweep.space must be a JSON object of config fields to "
+                          f"distributions, got {shown(space)}: {exc}") from None
+
+
+def parse(space: Mapping[str, Any]) -> dict[str, Param]:
+    """``space`` (``canonical``'s), each distribution checked alone; ConfigError naming
+    the field, what was received and what is allowed."""
     if not space:
-        return ""
-    return json.dumps(space, sort_keys=True, separators=(",", ":"))
-
-
-def parse(text: str) -> dict[str, Param]:
-    """The space in ``text`` (``canonical``'s JSON), each distribution checked alone;
-    ConfigError naming the field, what was received and what is allowed."""
-    if not text:
         return {}
-    space = json.loads(text)
     if len(space) > MAX_PARAMS:
         raise ConfigError(f"sweep.space may search at most {MAX_PARAMS} fields, got "
                           f"{len(space)}")

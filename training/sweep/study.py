@@ -15,11 +15,16 @@ run directory ``<run id>-t<i>`` and its backup still fit). Nothing here calls
 A failure a retry may fix is told with ``final=False``: the reason is recorded and the
 trial stays running for the retry. ``close`` fails whatever is left unfinished before
 the pick. Each trial's draw is seeded by its slot (``engine.trial_seed``).
+
+Over 300 lines on purpose, and why: open, plan, ask, tell and close are one protocol
+over one study's rows (the slots, their attempts, the budget, the lanes), and a reader
+checks a claim against its tell in one file.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import time
 from dataclasses import dataclass, field
@@ -35,8 +40,6 @@ from training.sweep.record import TrialRecord
 from training.sweep.slots import ATTEMPT, ERROR, FROM, SKIPPED, SWEEP
 from training.sweep.storage import open_storage, shown_storage, storage_url
 from training.sweep.trial import trial_run_dir
-
-optuna.logging.set_verbosity(optuna.logging.WARNING)  # steps.sweep logs what a sweep does
 
 CLAIM_TRIES = 5
 DRAW_WAIT_S = 10  # a resumed trial waits this long for the values its claimant draws
@@ -101,7 +104,8 @@ def study_name(cfg: Any) -> str:
     """``<model name>.<key>`` with ``sweep.continue`` (the study carries over from night to
     night while the space and objective stay), else ``<model name>.<key>.<run id>``. The
     key is a hash of the space and the objective."""
-    key = hashlib.sha256(f"{cfg.sweep.space}|{cfg.fit.early_stopping_monitor}".encode())
+    key = hashlib.sha256(json.dumps([cfg.sweep.space, cfg.fit.early_stopping_monitor],
+                                    sort_keys=True).encode())
     name = f"{cfg.model_name}.{key.hexdigest()[:8]}"
     return name if cfg.sweep.continue_previous else f"{name}.{cfg.run_id}"
 
@@ -139,12 +143,16 @@ def plan(sweep: Sweep) -> list[int]:
     return added
 
 
-def ask(sweep: Sweep, slot: int) -> TrialHandle:
+def ask(sweep: Sweep, slot: int, *, lanes: int = 0) -> TrialHandle:
     """Slot ``slot``'s trial: claimed (new), resumed (running), or as it finished. Its
-    values are drawn when it is claimed, by a sampler seeded for the slot."""
+    values are drawn when it is claimed, by a sampler seeded for the slot. ``lanes``: a
+    new trial waits until fewer than that many of the sweep's trials train
+    (``slots.claim_lane``): the DAG's trial tasks, which may all start at once."""
     if not 0 <= slot < sweep.cfg.sweep.trials:
         raise ValueError(f"slot must be between 0 and {sweep.cfg.sweep.trials - 1}, got {slot}")
-    for _ in range(CLAIM_TRIES):
+    tries = 0
+    while tries < CLAIM_TRIES:
+        tries += 1
         current = sweep.current(slot)
         if current is None:  # not planned (a sequential caller): plan this slot alone
             _enqueue_planned(sweep, slot)
@@ -152,10 +160,17 @@ def ask(sweep: Sweep, slot: int) -> TrialHandle:
         if current.state == TrialState.WAITING:
             if _budget_spent(sweep):
                 return _skip(sweep, slot, current)
-            claimed = sweep.storage.set_trial_state_values(current._trial_id,
-                                                          TrialState.RUNNING)
+            if lanes:
+                if not slots.claim_lane(sweep.storage, sweep.study, sweep.run_id, current,
+                                        lanes, wait=tries == 1):
+                    tries -= 1  # every lane trains another trial: waiting is not a try
+                    continue
+                return _live(sweep, slot, current, "new")
+            claimed = slots.claim(sweep.storage, current)
             return _live(sweep, slot, current, "new" if claimed else "running")
         if current.state == TrialState.RUNNING:
+            if current.user_attrs.get(ERROR):  # a retry resumes it: it trains again
+                sweep.storage.set_trial_user_attr(current._trial_id, ERROR, "")
             return _live(sweep, slot, current, "running")
         if slots.state(current) == "failed":  # a task re-run after a failure: new attempt
             slots.enqueue(sweep.study, sweep.run_id, slot,
