@@ -50,7 +50,7 @@ def test_a_sweep_of_four_trials_runs_as_mapped_tasks_and_its_best_is_published(d
 
     conf = {"epochs": 2, "min_accuracy": 0, "model_name": "swept", "backup_interval_s": 0,
             "sweep_trials": 4, "sweep_parallel": 2, "sweep_sampler": "random",
-            "sweep_pruner": "none", "sweep_space": json.dumps(SPACE), "sweep_seed": 3}
+            "sweep_pruner": "none", "sweep_space": SPACE, "sweep_seed": 3}
     run = dag.test(run_conf=conf)
     tis = _task_instances(run.run_id)
     states = {(t.task_id, t.map_index): str(t.state) for t in tis}
