@@ -155,9 +155,10 @@ class PostgreSQL(Service):
     stop_signal = signal.SIGINT  # postgres' "fast" shutdown
 
     def __init__(self, root: Path, port: int, *, password: str, user: str = "airflow",
-                 database: str = "airflow") -> None:
+                 database: str = "airflow", databases: tuple[str, ...] = ()) -> None:
         super().__init__(root, port)
         self.password, self.user, self.database = password, user, database
+        self.databases = databases  # more databases of the user's (the sweeps' studies)
         self.data, self.sockets = self.root / "data", self.root / "sockets"
         self.bin = Path(find_binary("initdb", "/usr/lib/postgresql/*/bin/initdb",
                                 package="postgresql")).resolve().parent
@@ -246,13 +247,16 @@ class PostgreSQL(Service):
                                check=False).returncode == 0
 
     def start(self, timeout: float = 60.0) -> None:
-        """Start the cluster; the user and its database are made when they do not exist
-        (the first start, or one that stopped between ``initdb`` and them)."""
+        """Start the cluster; the user and its databases (``database``, then
+        ``databases``, owned by it) are made when they do not exist (the first start, one
+        that stopped between ``initdb`` and them, or a cluster older than a database)."""
         super().start(timeout)
         if not self.psql(f"SELECT 1 FROM pg_roles WHERE rolname = '{self.user}'"):
             quoted = self.password.replace("'", "''")
             self.psql(f"CREATE ROLE {self.user} LOGIN PASSWORD '{quoted}'")
-            self.psql(f"CREATE DATABASE {self.database} OWNER {self.user}")
+        for name in (self.database, *self.databases):
+            if not self.psql(f"SELECT 1 FROM pg_database WHERE datname = '{name}'"):
+                self.psql(f"CREATE DATABASE {name} OWNER {self.user}")
 
 
 class Redis(Service):

@@ -7,7 +7,9 @@ to it; Airflow never holds the S3 admin key), the api-server, scheduler, dag-pro
 and triggerer with the CeleryExecutor, and two Celery workers: one on the ``default``
 queue and one on the ``gpu`` queue (one task at a time; the CPU stands in for the GPU
 here), where the cluster policy sends ``train`` of a run triggered with
-``accelerator: gpu``.
+``accelerator: gpu``. ``--default-workers N`` (or ``TRAINING_STACK_DEFAULT_WORKERS``)
+runs N workers on the default queue instead of one, sharing its concurrency, as a
+deployment scaled out to N machines (a sweep's trials then train on several workers).
 
 - Everything lives in ``.stack/`` (not committed): ``secrets.env`` (generated on first
   start: the database and broker passwords, the S3 keys, the Fernet, API and JWT keys;
@@ -18,13 +20,22 @@ here), where the cluster policy sends ``train`` of a run triggered with
   the store connection as ``AIRFLOW_CONN_AWS_DEFAULT``. A setting in the environment wins
   (Airflow's rule); ``--port`` wins over the environment and moves every port: the UI on
   P, log servers on P+1 (default worker), P+2 (triggerer), P+3 (gpu worker), PostgreSQL
-  on P+4, Redis on P+5, S3 on P+6 and SeaweedFS's own servers on P+7 to P+15.
+  on P+4, Redis on P+5, S3 on P+6 and SeaweedFS's own servers on P+7 to P+15; default
+  worker N (from 2) has its log server on P+14+N.
+- PostgreSQL holds a second database, ``optuna``, owned by Airflow's role: the sweeps'
+  Optuna studies. Every Airflow component gets it as ``TRAINING_SWEEP_STORAGE`` (a URL
+  without the password) and the role's password as ``TRAINING_SWEEP_STORAGE_PASSWORD``,
+  as compose passes them (docs/sweeps.md).
 - Before Airflow starts, ``training_airflow.preflight`` checks the database, the broker
   and the store with those settings: a wrong one stops the stack with one line that
   names it.
 - A process that dies is started again (compose's ``restart: unless-stopped``), at most
   ``MAX_RESTARTS`` times; Ctrl-C (or SIGTERM) stops everything the stack started and
   nothing else.
+
+Over 300 lines on purpose, and why: the settings every component shares, the order the
+services start in and what each is handed are one picture of the deployment, read
+beside ``docker/compose.yaml`` in one file.
 """
 
 from __future__ import annotations
@@ -41,7 +52,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from tools.seaweedfs import S3Identity, SeaweedFS
-from tools.services import PostgreSQL, Redis, Service, ServiceError
+from tools.services import HOST, PostgreSQL, Redis, Service, ServiceError
 from tools.standalone import Stack, component_env, login_password, wait_ready
 from training_airflow import preflight
 
@@ -53,7 +64,15 @@ PORTS = {"api": 0, "worker_log": 1, "trigger_log": 2, "gpu_worker_log": 3,
          "postgres": 4, "redis": 5, "s3": 6}
 SPAN = PORTS["s3"] + len(SeaweedFS.PORTS)
 MAX_RESTARTS = 5
+MAX_DEFAULT_WORKERS = 8
 DAG_ID = "keras_retrain"
+SWEEP_DATABASE = "optuna"  # the sweeps' Optuna studies, beside Airflow's database
+
+
+def span(default_workers: int = 1) -> int:
+    """How many ports from P the stack uses: SPAN, and one more for each default worker
+    past the first (its log server, after SeaweedFS's)."""
+    return SPAN + default_workers - 1
 
 
 def _size(path: Path) -> int:
@@ -95,20 +114,26 @@ class ProductionStack:
     """The servers and Airflow's processes of ``./dev stack`` under ``root``."""
 
     def __init__(self, root: Path, env: Mapping[str, str], port: int | None,
-                 host: str | None) -> None:
-        self.root = root
+                 host: str | None, default_workers: int = 1) -> None:
+        if not 1 <= default_workers <= MAX_DEFAULT_WORKERS:
+            raise ValueError(f"the default workers must be between 1 and "
+                             f"{MAX_DEFAULT_WORKERS}, got {default_workers}")
+        self.root, self.default_workers = root, default_workers
         self.logs = root / "logs"
         raw = env.get("AIRFLOW__API__PORT") or "8080"
         if port is None and not raw.isdigit():
             raise ValueError(f"AIRFLOW__API__PORT must be a port number, got {raw!r}")
         base = port or int(raw)
         self.ports = {name: base + offset for name, offset in PORTS.items()}
+        self.ports.update({f"worker-{n}_log": base + SPAN + n - 2
+                           for n in range(2, default_workers + 1)})
         self.secrets = s = load_secrets(root / "secrets.env")
         self.bucket = env.get("TRAINING_BUCKET", "models")
         self.store_identity = S3Identity("store", s["STORE_ACCESS_KEY"],
                                          s["STORE_SECRET_KEY"], (self.bucket,))
         self.postgres = PostgreSQL(root / "postgres", self.ports["postgres"],
-                                   password=s["POSTGRES_PASSWORD"])
+                                   password=s["POSTGRES_PASSWORD"],
+                                   databases=(SWEEP_DATABASE,))
         self.redis = Redis(root / "redis", self.ports["redis"], password=s["REDIS_PASSWORD"])
         self.seaweedfs = SeaweedFS(
             root / "seaweedfs", self.ports["s3"],
@@ -119,12 +144,11 @@ class ProductionStack:
         for name, service in self.services.items():
             service.log = self.logs / f"{name}.log"
         self.env = component_env({**self.defaults(), **env}, host, port)
+        log_ports = {"worker-gpu": self.ports["gpu_worker_log"],
+                     **{name: self.ports[f"{name}_log"] for name in self.worker_names()}}
         self.airflow = Stack(self.env, self.logs, commands=self.commands(), envs={
-            "worker": {"AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT":
-                       str(self.ports["worker_log"])},
-            "worker-gpu": {"AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT":
-                           str(self.ports["gpu_worker_log"])},
-        })
+            name: {"AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(log_port)}
+            for name, log_port in log_ports.items()})
         self.restarts: dict[str, int] = {}
 
     def defaults(self) -> dict[str, str]:
@@ -153,17 +177,27 @@ class ProductionStack:
             "TRAINING_AWS_CONN_ID": "aws_default",
             "TRAINING_GPU_QUEUE": "gpu",
             "TRAINING_SCHEDULE": "",
+            # The sweeps' studies: the URL names no password; the driver gets it apart.
+            "TRAINING_SWEEP_STORAGE": (f"postgresql+psycopg2://{pg.user}@{HOST}:{pg.port}/"
+                                       f"{SWEEP_DATABASE}"),
+            "TRAINING_SWEEP_STORAGE_PASSWORD": pg.password,
             "TF_CPP_MIN_LOG_LEVEL": "2",
         }
 
+    def worker_names(self) -> list[str]:
+        """The default queue's workers: ``worker``, then ``worker-2`` ... (their logs)."""
+        return ["worker", *(f"worker-{n}" for n in range(2, self.default_workers + 1))]
+
     def commands(self) -> dict[str, list[str]]:
         gpu_queue = self.env.get("TRAINING_GPU_QUEUE", "gpu")
-        concurrency = str(max(2, os.cpu_count() or 2))
+        # The default queue's concurrency (the CPU count), shared by its workers.
+        each = str(max(1, max(2, os.cpu_count() or 2) // self.default_workers))
         return {
             "api-server": ["api-server"], "scheduler": ["scheduler"],
             "dag-processor": ["dag-processor"], "triggerer": ["triggerer"],
-            "worker": ["celery", "worker", "--queues", "default", "--concurrency",
-                       concurrency, "--celery-hostname", "default@%h"],
+            **{name: ["celery", "worker", "--queues", "default", "--concurrency", each,
+                      "--celery-hostname", name.replace("worker", "default", 1) + "@%h"]
+               for name in self.worker_names()},
             "worker-gpu": ["celery", "worker", "--queues", gpu_queue, "--concurrency", "1",
                            "--celery-hostname", f"{gpu_queue}@%h"],
         }
@@ -180,7 +214,8 @@ class ProductionStack:
             print(f"  ok: {line}", flush=True)
         self.migrate()
         # The logs are appended to across starts: only what this start writes counts.
-        seen = {name: _size(self.logs / f"{name}.log") for name in ("worker", "worker-gpu")}
+        seen = {name: _size(self.logs / f"{name}.log")
+                for name in (*self.worker_names(), "worker-gpu")}
         self.airflow.start()
         wait_ready(self.airflow, self.base_url)
         self.wait_workers(seen)
@@ -241,10 +276,14 @@ class ProductionStack:
             f"  login:      admin / {login_password(home)}",
             f"  DAG:        {self.base_url}/dags/{DAG_ID} (trigger with accelerator gpu: "
             "train runs on the gpu-queue worker)",
+            f"  workers:    {', '.join(self.worker_names())} on the default queue, "
+            "worker-gpu on the gpu queue",
             f"  Models:     {self.base_url}/models/",
             f"  store:      {self.env['TRAINING_STORE_URI']} on {self.seaweedfs.endpoint} "
             "(SeaweedFS; keys in secrets.env)",
             f"  database:   {preflight.masked(pg)}",
+            f"  sweeps:     {self.env['TRAINING_SWEEP_STORAGE'] or 'SQLite under the runs'} "
+            "(Optuna studies; password: TRAINING_SWEEP_STORAGE_PASSWORD)",
             f"  broker:     {preflight.masked(redis)}",
             f"  secrets:    {self.root / 'secrets.env'}",
             f"  logs:       {self.logs}/<process>.log, task logs in {home}/logs/",
@@ -259,15 +298,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         description="The production configuration on one machine: PostgreSQL, Redis, "
                     "SeaweedFS, Airflow with the CeleryExecutor, a default and a gpu worker.")
     parser.add_argument("--port", type=int,
-                        help=f"UI port; the stack uses P to P+{SPAN - 1} (default: "
+                        help=f"UI port; the stack uses P to P+{SPAN - 1}, and one more a "
+                             "default worker past the first (default: "
                              "AIRFLOW__API__PORT, else 8080); wins over the environment")
     parser.add_argument("--host", help="address the UI listens on (default 127.0.0.1)")
+    parser.add_argument("--default-workers", type=int, metavar="N",
+                        help="Celery workers on the default queue, sharing its concurrency "
+                             "(default: TRAINING_STACK_DEFAULT_WORKERS, else 1; "
+                             f"at most {MAX_DEFAULT_WORKERS}); worker N's log server on "
+                             f"P+{SPAN - 2}+N")
     args = parser.parse_args(argv)
-    if args.port is not None and not 1024 <= args.port <= 65535 - SPAN:
-        parser.error(f"--port must be between 1024 and {65535 - SPAN}, got {args.port}")
+    workers = args.default_workers
+    if workers is None:
+        raw = os.environ.get("TRAINING_STACK_DEFAULT_WORKERS") or "1"
+        if not raw.isdigit():
+            parser.error(f"TRAINING_STACK_DEFAULT_WORKERS must be a whole number, got {raw!r}")
+        workers = int(raw)
+    if not 1 <= workers <= MAX_DEFAULT_WORKERS:
+        parser.error(f"--default-workers must be between 1 and {MAX_DEFAULT_WORKERS}, "
+                     f"got {workers}")
+    last = 65535 - span(workers)
+    if args.port is not None and not 1024 <= args.port <= last:
+        parser.error(f"--port must be between 1024 and {last}, got {args.port}")
     root = Path(os.environ.get("TRAINING_STACK_DIR") or ROOT / ".stack")
     try:
-        stack = ProductionStack(root, os.environ, args.port, args.host)
+        stack = ProductionStack(root, os.environ, args.port, args.host, workers)
     except (ValueError, ServiceError) as exc:
         parser.error(str(exc))
 

@@ -4,7 +4,10 @@ Like ``devstack.DevAirflow`` (a fresh copy of the tree, a new user's environment
 login read from what it prints, Ctrl-C at the end), with what the production stack adds:
 its secrets file, a plain boto3 reader with the store's own key, and the processes a test
 kills to inject a fault (found in ``/proc`` by their command lines, as a person finds
-them with ``ps``).
+them with ``ps``). It runs two workers on the default queue (``TRAINING_STACK_DEFAULT_
+WORKERS=2``, what ``--default-workers 2`` does: the default queue's concurrency shared
+by two workers, as a deployment scaled out to two machines), so that a sweep's trials
+can be seen training on two workers at once.
 """
 
 from __future__ import annotations
@@ -22,11 +25,12 @@ from typing import Any
 from support.devstack import DAG_ID, DevAirflow, quote
 
 from tools.services import free_port_block
-from tools.stack import SPAN
+from tools.stack import span
 from tools.standalone import descendants
 
 MODEL = "digits-mlp"
 RUN_TIMEOUT_S = 600.0
+DEFAULT_WORKERS = 2
 
 
 def rehash(client: Any, version: str, model: str = MODEL, bucket: str = "models",
@@ -62,9 +66,12 @@ class DevStack(DevAirflow):
     command = "stack"
     ready_line = "The production stack is ready: "
 
-    def __init__(self, root: Path) -> None:
-        super().__init__(root)
-        self.port = free_port_block(SPAN)
+    def __init__(self, root: Path, default_workers: int = DEFAULT_WORKERS) -> None:
+        super().__init__(root, {"TRAINING_STACK_DEFAULT_WORKERS": str(default_workers)})
+        self.port = free_port_block(span(default_workers))
+        # The default queue's workers, by the names of their logs (tools/stack.py).
+        self.default_workers = {"worker", *(f"worker-{n}"
+                                            for n in range(2, default_workers + 1))}
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.stack_dir = root / ".stack"
         self.home = self.stack_dir / "airflow"
@@ -165,13 +172,23 @@ class DevStack(DevAirflow):
         return (self.home / "logs" / f"dag_id={DAG_ID}" / f"run_id={run_id}"
                 / f"task_id={task_id}" / f"attempt={attempt}.log")
 
+    def worker_logs(self) -> dict[str, str]:
+        """Each Celery worker's own log (``worker``, ``worker-2`` ..., ``worker-gpu``)."""
+        return {name: (self.logs / f"{name}.log").read_text(errors="replace")
+                for name in (*sorted(self.default_workers), "worker-gpu")}
+
     def ran_on(self, run_id: str, task_id: str) -> set[str]:
         """The Celery workers whose own logs say they executed this task of this run."""
         run = re.escape(run_id)
         pattern = re.compile(rf"task_id='{task_id}'.*run_id='{run}'"
                              rf"|run_id='{run}'.*task_id='{task_id}'")
-        return {name for name in ("worker", "worker-gpu")
-                if pattern.search((self.logs / f"{name}.log").read_text(errors="replace"))}
+        return {name for name, log in self.worker_logs().items() if pattern.search(log)}
+
+    def executed(self, ti_id: str) -> set[str]:
+        """The Celery workers whose own logs say they executed the task instance whose
+        id (the REST API's ``id``) is ``ti_id`` (``Executing workload in Celery: ...``)."""
+        pattern = re.compile(rf"Executing workload in Celery: .*{re.escape(ti_id)}")
+        return {name for name, log in self.worker_logs().items() if pattern.search(log)}
 
     # -- the processes it started
 

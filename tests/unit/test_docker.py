@@ -326,9 +326,11 @@ print(json.dumps({{
     conn_id, conn_type, login, extra = out["conn"]
     assert (conn_id, conn_type, login) == ("aws_default", "aws", example["STORE_ACCESS_KEY"])
     assert extra["endpoint_url"] == "http://seaweedfs:8333"
-    assert out["settings"] == {"staging_dir": "/opt/airflow/training/datasets",
-                               "output_dir": "/opt/airflow/training/runs",
-                               "store_uri": "s3://models/registry"}
+    assert out["settings"] == {
+        "staging_dir": "/opt/airflow/training/datasets",
+        "output_dir": "/opt/airflow/training/runs", "store_uri": "s3://models/registry",
+        # sweeps' studies in the stack's PostgreSQL, no password in the URL
+        "sweep_storage": "postgresql+psycopg2://postgres:5432/optuna?user=airflow"}
     assert out["users"] == [[example["AIRFLOW_ADMIN_USER"], "admin"]]
     assert out["passwords"] == {example["AIRFLOW_ADMIN_USER"]: example["AIRFLOW_ADMIN_PASSWORD"]}
 
