@@ -203,6 +203,11 @@ def test_pruning_needs_one_process_per_trial():
     with pytest.raises(ConfigError, match="sweep.pruner is 'median' but runtime.workers is 2"):
         swept({"trials": 2, "space": space}, runtime={"workers": 2})
     swept({"trials": 2, "pruner": "none", "space": space}, runtime={"workers": 2})
+    # A Job's pods report nothing to the study: a pruner there would prune nothing.
+    with pytest.raises(ConfigError, match=r"sweep.pruner is 'median' but runtime.launcher "
+                                          r"is 'kubernetes'"):
+        swept({"trials": 2, "space": space}, runtime={"launcher": "kubernetes"})
+    swept({"trials": 2, "pruner": "none", "space": space}, runtime={"launcher": "kubernetes"})
 
 
 def test_a_grid_walks_choices_and_int_ranges_in_a_seeded_order():

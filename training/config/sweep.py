@@ -215,6 +215,12 @@ def check_sweep(cfg: Any) -> None:
             f"{cfg.runtime.workers}: every worker of a trial would have to stop at the same "
             "epoch, which pruning cannot promise; set sweep.pruner to 'none', or "
             "runtime.workers to 1")
+    if sweep.pruner != "none" and cfg.runtime.launcher != "local":
+        raise ConfigError(
+            f"sweep.pruner is {sweep.pruner!r} but runtime.launcher is "
+            f"{cfg.runtime.launcher!r}: a trial's pods train without reporting to the "
+            "study, so nothing would be pruned; set sweep.pruner to 'none', or "
+            "runtime.launcher to 'local'")
     if sweep.pruner == "hyperband" and "fit.epochs" in sweep.params:
         raise ConfigError(
             "sweep.space searches fit.epochs but sweep.pruner is 'hyperband', whose "
