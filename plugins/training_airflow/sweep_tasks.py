@@ -96,9 +96,16 @@ class TrialOperator(Step):
         def launch(trial_cfg: Any, flags: Any) -> None:
             if trial_cfg.runtime.launcher == "local":
                 from training.config import frozen
+                from training.errors import ConfigError
 
-                self.run_command(trial_cfg, "train", staged=self.staged, flags=tuple(flags),
-                                 config=frozen.freeze(trial_cfg)["path"])
+                try:
+                    self.run_command(trial_cfg, "train", staged=self.staged,
+                                     flags=tuple(flags),
+                                     config=frozen.freeze(trial_cfg)["path"])
+                except AirflowFailException as exc:  # run_command's, for exit 2: the
+                    if isinstance(exc.__cause__, ConfigError):  # trial's values refused
+                        raise exc.__cause__ from None  # (run_trial records it)
+                    raise
                 return
             from training_airflow.launchers import LAUNCHERS
 

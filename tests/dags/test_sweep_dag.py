@@ -95,3 +95,41 @@ def test_a_run_without_a_sweep_plans_no_trial_and_trains_as_always(dag):
     assert states[("trial", -1)] == "skipped"
     assert states[("train", -1)] == "success"
     assert "picked_from_sweep" not in _xcom(run.run_id, "train")
+
+
+def test_a_trial_whose_values_its_model_refuses_fails_alone_and_the_sweep_publishes(
+        dag, tmp_path, monkeypatch):
+    # support.sweep_models:dense builds with any dropout the config takes; Keras refuses
+    # 1.5 when the trial's child builds it (exit 2): that trial fails without retries,
+    # is recorded with its reason, and the other trial wins.
+    from pathlib import Path
+
+    from training.registry import open_store
+
+    tests = str(Path(__file__).resolve().parents[1])
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+        filter(None, [tests, os.environ.get("PYTHONPATH", "")])))
+    conf = {"epochs": 1, "min_accuracy": 0, "model_name": "refused", "backup_interval_s": 0,
+            "model": "support.sweep_models:dense", "sweep_trials": 2, "sweep_parallel": 1,
+            "sweep_sampler": "grid", "sweep_pruner": "none", "sweep_max_failed": 1,
+            "sweep_space": {"model.args.dropout": {"choices": [0.1, 1.5]}}}
+    run = dag.test(run_conf=conf)
+    tis = _task_instances(run.run_id)
+    trials = {t.map_index: t for t in tis if t.task_id == "trial"}
+    states = {i: str(t.state) for i, t in trials.items()}
+    assert {t.task_id: str(t.state) for t in tis if t.task_id in ("train", "publish")} == {
+        "train": "success", "publish": "success"}, states
+    assert sorted(states.values()) == ["failed", "success"], states
+    refused = next(t for t in trials.values() if str(t.state) == "failed")
+    assert refused.try_number == 1  # no retry: the same values would fail the same way
+    assert "dropout=1.5" in refused.rendered_map_index
+    picked = _xcom(run.run_id, "train")
+    published = _xcom(run.run_id, "publish")
+    assert published["version"] == picked["run_id"]
+    sweep = json.loads(open_store(str(tmp_path / "store")).get_bytes(
+        f"models/refused/versions/{picked['run_id']}/sweep.json"))
+    failed = [t for t in sweep["trials"] if t["state"] == "failed"]
+    assert [t["params"]["model.args.dropout"] for t in failed] == [1.5]
+    assert "dropout" in failed[0]["error"].lower() or "rate" in failed[0]["error"].lower()
+    assert sweep["counts"] == {"trials": 2, "complete": 1, "pruned": 0, "failed": 1,
+                               "skipped": 0}

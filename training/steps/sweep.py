@@ -47,6 +47,7 @@ log = logging.getLogger(__name__)
 STOPPED = {128 + s for s in (signal.SIGTERM, signal.SIGINT, signal.SIGKILL)}
 
 Launch = Callable[[RunConfig, Sequence[str]], Any]
+PICKED = "picked:"  # a study user attr per sweep: the trial its pick chose
 
 
 class TrialFailed(LaunchError):
@@ -96,17 +97,27 @@ def run_trial(cfg: RunConfig, staged: StagedDataset, slot: int, launch: Launch, 
     from training.sweep import study, trial
 
     sweep = open_sweep(cfg, staged)
-    handle = study.ask(sweep, slot, lanes=cfg.sweep.parallel if lanes else 0)
-    announce(label(slot, handle.params))
-    trial_cfg = trial.trial_config(cfg, slot, handle.params) if handle.params else None
-    ended = {"slot": slot, "params": handle.params, "label": label(slot, handle.params),
-             "run_id": trial.trial_run_id(cfg, slot),
+    ended = {"slot": slot, "run_id": trial.trial_run_id(cfg, slot),
              "run_dir": os.fspath(trial.trial_run_dir(cfg, slot))}
-    if handle.finished or trial_cfg is None:  # a task re-run after its trial ended
+    if picked(sweep) is not None:  # the same run again after its pick: nothing to redo
+        current = sweep.current(slot)
+        params = dict(current.params) if current is not None else {}
+        log.info("trial %d of run %s: the sweep was picked already", slot, cfg.run_id)
+        return {**ended, "params": params, "label": label(slot, params), "state": "picked",
+                "value": None}
+    handle = study.ask(sweep, slot, lanes=cfg.sweep.parallel if lanes else 0)
+    ended |= {"params": handle.params, "label": label(slot, handle.params)}
+    announce(ended["label"])
+    if handle.finished or not handle.params:  # a task re-run after its trial ended
         log.info("trial %d of run %s already ended: %s", slot, cfg.run_id, handle.state)
         return {**ended, "state": handle.state, "value": None}
     log.info("trial %d of run %s (%s): %s", slot, cfg.run_id,
              "resumed" if handle.state == "running" else "new", ended["label"])
+    try:
+        trial_cfg = trial.trial_config(cfg, slot, handle.params)
+    except ConfigError as exc:  # values the config refuses together
+        study.tell(handle, "failed", reason=str(exc))
+        raise TrialFailed(f"trial {slot} failed: {exc}") from exc
     try:
         launch(trial_cfg, ("--trial-of", os.fspath(base_config), "--trial", str(slot)))
     except ConfigError as exc:  # its values refused by the model or the machine
@@ -118,11 +129,21 @@ def run_trial(cfg: RunConfig, staged: StagedDataset, slot: int, launch: Launch, 
             raise  # stopped from outside: the retry resumes the trial from its backup
         study.tell(handle, "failed", reason=str(exc))
         raise TrialFailed(f"trial {slot} failed: {exc}") from exc
+    except BaseException as exc:  # a timeout, a kill of the task, the unforeseen: its
+        # reason kept and the lane let go, the trial left for its retry to resume
+        study.tell(handle, "failed", reason=f"{type(exc).__name__}: {exc}", final=False)
+        raise
     value = objective(trial_cfg)
     state = study.tell(handle, "complete", value=value)
     log.info("trial %d of run %s: %s, %s %s", slot, cfg.run_id, state,
              cfg.fit.early_stopping_monitor, value)
     return {**ended, "state": state, "value": value}
+
+
+def picked(sweep: Any) -> int | None:
+    """The trial the sweep's pick chose, once it has (recorded in the study): a run
+    started again after it trains no trial again and picks the same."""
+    return sweep.study.user_attrs.get(f"{PICKED}{sweep.run_id}")
 
 
 def objective(cfg: RunConfig) -> float | None:
@@ -152,6 +173,7 @@ def pick(cfg: RunConfig, staged: StagedDataset) -> RunConfig:
     sweep = open_sweep(cfg, staged)
     records = study.close(sweep)
     best = best_of(records, cfg)
+    sweep.study.set_user_attr(f"{PICKED}{cfg.run_id}", best.number)
     chosen = trial.trial_config(cfg, best.number, best.params)
     run_dir = chosen.run_dir()
     write_sweep_json(layout.model_dir(run_dir), records, best, storage=sweep.shown,
