@@ -28,6 +28,12 @@ pytestmark = pytest.mark.slow
 DEMO = "./dev demo"
 DEMO_WITH_CONF = """./dev demo '{"model": "cnn", "epochs": 3}'"""
 DEMO_ON_JAX = """./dev demo '{"backend": "jax", "model_name": "digits-mlp-jax"}'"""
+DEMO_SWEEP = ("""./dev demo '{"model_name": "digits-swept", "epochs": 4, "sweep_trials": 4, """
+              """"sweep_parallel": 2, "sweep_space": {"fit.learning_rate": {"float": """
+              """[0.0003, 0.03], "log": true}}}'""")
+CLI_SWEEP = ("""./dev cli run --model-name digits-swept-cli --epochs 3 --sweep-trials 4 """
+             """--sweep-parallel 2 --sweep-space '{"fit.learning_rate": {"float": [0.0001, """
+             """0.1], "log": true}, "fit.batch_size": {"choices": [32, 64]}}'""")
 CLI_HELP = "./dev cli run --help"
 DAG_CHECKS = './dev test tests/dags -m "not slow" -n 0'
 TENSORBOARD = ".venv/bin/tensorboard --logdir var/store/models/digits-mlp/versions --port 6006"
@@ -75,8 +81,8 @@ def clone(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_every_dev_command_of_the_readme_is_run_here():
-    tested = {DEMO, DEMO_WITH_CONF, DEMO_ON_JAX, CLI_HELP, DAG_CHECKS, TENSORBOARD, *ELSEWHERE,
-              *night_by_night()}
+    tested = {DEMO, DEMO_WITH_CONF, DEMO_ON_JAX, DEMO_SWEEP, CLI_SWEEP, CLI_HELP, DAG_CHECKS,
+              TENSORBOARD, *ELSEWHERE, *night_by_night()}
     written = {c for c in readme_commands() if c.startswith(("./dev", ".venv/bin/tensorboard"))}
     assert written <= tested, f"README commands no test runs: {sorted(written - tested)}"
     assert {DEMO, CLI_HELP, DAG_CHECKS, TENSORBOARD, *ELSEWHERE} <= written
@@ -121,6 +127,31 @@ def test_demo_on_jax_trains_there_and_promotes(clone: Path):
     assert run["software"]["keras_backend"] == "jax" and "tensorflow" not in run["software"]
     assert (clone / "var" / "store" / "models" / "digits-mlp-jax" / "versions"
             / done["published_version"] / "saved_model" / "saved_model.pb").is_file()
+
+
+def test_demo_with_a_sweep_runs_its_trials_as_tasks_and_promotes_the_best(clone: Path):
+    done = summary(sh(clone, DEMO_SWEEP, timeout=900))
+    assert done["state"] == "success" and done["promoted"] is True, done
+    assert done["model_name"] == "digits-swept", done
+    trials = {t: s for t, s in done["tasks"].items() if t.startswith("trial[")}
+    assert trials == {f"trial[{i}]": "success" for i in range(4)}, done["tasks"]
+    version = clone / "var" / "store" / "models" / "digits-swept" / "versions" / done[
+        "published_version"]
+    sweep = json.loads((version / "sweep.json").read_text())
+    assert sweep["counts"]["trials"] == 4 and done["published_version"].endswith(
+        f"-t{sweep['best']['number']}")
+    assert (version / "report" / "sweep_objective.png").is_file()
+
+
+def test_a_sweep_from_the_cli_publishes_its_best_trial(clone: Path):
+    done = sh(clone, CLI_SWEEP, timeout=900)
+    assert done.returncode == 0, done.stderr[-4000:]
+    published = [json.loads(line)["published"] for line in done.stdout.splitlines()
+                 if line.startswith('{"published"')]
+    assert published and published[0]["model_name"] == "digits-swept-cli", done.stdout
+    sweep = json.loads((clone / "var" / "store" / "models" / "digits-swept-cli" / "versions"
+                        / published[0]["version"] / "sweep.json").read_text())
+    assert [t["number"] for t in sweep["trials"]] == [0, 1, 2, 3]
 
 
 def test_cli_help_lists_the_config_flags(clone: Path):

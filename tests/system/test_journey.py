@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import re
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 from support.airflow_ui import (
@@ -49,8 +50,8 @@ def check_task_costs(stack: Any, dag_run_id: str, version: str) -> None:
     tfds or Keras (its record says), and its log's first line of ours is the timing."""
     records = {p.stem: json.loads(p.read_text()) for p in
                (stack.root / "var" / "runs" / version / "airflow").glob("*.json")}
-    assert set(records) == {"stage_dataset", "validate_data", "train", "evaluate",
-                            "publish", "promote"}, sorted(records)
+    assert set(records) == {"stage_dataset", "validate_data", "plan_trials", "train",
+                            "evaluate", "publish", "promote"}, sorted(records)
     assert {t: r["heavy_modules"] for t, r in records.items()} == {t: [] for t in records}
     for log in stack.task_logs(dag_run_id):
         if log.parent.name.removeprefix("task_id=") not in records:
@@ -183,6 +184,87 @@ def test_trigger_form_runs_and_links_to_the_models_page(dev_airflow: Any, browse
     assert second["dag_run_id"] in page.url.replace("%3A", ":").replace("%2B", "+"), page.url
     expect(page.get_by_text("Success").first).to_be_visible()
     shot(page, "08-back-to-the-run")
+    page.close()
+
+
+SWEEP_SPACE = {"fit.learning_rate": {"float": [0.0003, 0.03], "log": True}}
+
+
+def test_a_sweep_from_the_form_runs_its_trials_as_mapped_tasks(dev_airflow: Any, browser: Any):
+    """The form's Hyperparameter sweep section: a space that is not a JSON object is
+    refused in words when the run is triggered; a valid sweep, its space typed into the
+    field's JSON editor, runs one mapped `trial` per trial, each named by its values
+    (read over REST), and its best trial is published."""
+    from playwright.sync_api import expect
+
+    stack = dev_airflow
+    page = dag_page(browser, stack)
+    known = {r["dag_run_id"] for r in stack.runs()}
+    dialog = open_trigger_form(page)
+    dialog.get_by_role("button", name="Training").click()
+    epochs = dialog.get_by_role("spinbutton", name="Epochs")
+    epochs.fill("2")
+    epochs.blur()
+    dialog.get_by_role("button", name="Model registry").click()
+    dialog.locator("#element_model_name").fill("digits-swept-form")
+    dialog.get_by_role("button", name="Hyperparameter sweep").click()
+    trials = dialog.get_by_role("spinbutton", name="Sweep trials")
+    expect(trials).to_have_value("0")  # off by default
+    trials.fill("3")
+    trials.blur()
+    parallel = dialog.get_by_role("spinbutton", name="Sweep parallel")
+    parallel.fill("2")
+    parallel.blur()
+    editor = dialog.locator("#element_sweep_space")  # a code editor (Monaco)
+
+    page.context.grant_permissions(["clipboard-read", "clipboard-write"],
+                                   origin=stack.base_url)
+
+    def type_space(text: str) -> None:
+        """Pasted, as a person pastes JSON (typed, the editor closes brackets itself)."""
+        page.evaluate("text => navigator.clipboard.writeText(text)", text)
+        editor.click()  # focuses its text input
+        page.keyboard.press("Control+A")
+        page.keyboard.press("Control+V")
+        parallel.click()  # leaves the editor: the form takes its value
+        page.wait_for_timeout(500)
+
+    type_space(json.dumps(list(SWEEP_SPACE)))  # a list of fields, not fields to ranges
+    submit_button(dialog).click()
+    alert = dialog.get_by_text("Invalid input for param sweep_space")
+    expect(alert).to_be_visible()
+    expect(alert).to_contain_text("is not of type 'object'")
+    shot(page, "10-sweep-space-not-an-object-refused")
+    assert {r["dag_run_id"] for r in stack.runs()} == known
+    type_space(json.dumps(SWEEP_SPACE))
+    shot(page, "11-trigger-form-sweep")
+    expect(submit_button(dialog)).to_be_enabled()
+    submit_button(dialog).click()
+    expect(dialog).to_be_hidden()
+    run = new_run(stack, known)
+    conf = run["conf"]
+    assert (conf["sweep_trials"], conf["sweep_parallel"], conf["epochs"]) == (3, 2, 2), conf
+    assert conf["sweep_space"] == SWEEP_SPACE, conf
+    ended = stack.wait_for_run(run["dag_run_id"], timeout=900.0)
+    assert ended["state"] == "success", (stack.task_states(run["dag_run_id"]),
+                                         stack.diagnostics(run["dag_run_id"]))
+    mapped = stack.request("GET", f"/api/v2/dags/{DAG_ID}/dagRuns/"
+                                  f"{quote(run['dag_run_id'])}/taskInstances/trial/listMapped")
+    instances = sorted(mapped["task_instances"], key=lambda ti: ti["map_index"])
+    assert [ti["map_index"] for ti in instances] == [0, 1, 2], mapped
+    assert all(ti["state"] == "success" for ti in instances), mapped
+    for ti in instances:
+        assert re.fullmatch(rf"t{ti['map_index']} learning_rate=[\d.e-]+",
+                            ti["rendered_map_index"]), ti["rendered_map_index"]
+    picked = stack.xcom(run["dag_run_id"], "train")["run_id"]
+    assert stack.xcom(run["dag_run_id"], "publish")["version"] == picked
+    sweep = json.loads(open_store(stack.store_uri).get_bytes(
+        f"models/digits-swept-form/versions/{picked}/sweep.json"))
+    assert sweep["counts"]["trials"] == 3 and picked.endswith(f"-t{sweep['best']['number']}")
+    # The grid names each trial by its values.
+    page.goto(f"{stack.base_url}/dags/{DAG_ID}/runs/{run['dag_run_id']}/tasks/trial/mapped")
+    expect(page.get_by_text(re.compile(r"^t0 learning_rate=")).first).to_be_visible()
+    shot(page, "12-sweep-trials-named-by-their-values")
     page.close()
 
 
