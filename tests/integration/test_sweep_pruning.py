@@ -4,18 +4,14 @@ stops there, and is recorded pruned."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
-from dataclasses import dataclass, field
 
 import keras
 import numpy as np
 import pytest
 
 from training.config.run import RunConfig
-from training.config.sections import SECTIONS
-from training.config.sweep import SweepConfig, check_sweep
 from training.sweep import study as sweeps
 from training.sweep.pick import pick
 from training.sweep.pruning import PruningCallback
@@ -28,27 +24,12 @@ EPOCHS = 6
 GOOD, BAD = 0.05, 1e-7  # learning rates: one learns in an epoch, one does not move
 
 
-@dataclass(frozen=True)
-class _Swept(RunConfig):
-    """RunConfig with the sweep section, while training/config/run.py does not hold it."""
-
-    sweep: SweepConfig = field(default_factory=SweepConfig)
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check_sweep(self)
-
-
 def swept(output_dir, **sweep) -> RunConfig:
     sections = {"storage": {"output_dir": str(output_dir), "run_id": "night-1"},
                 "fit": {"epochs": EPOCHS, "early_stopping_monitor": "val_loss"}}
     sweep = {"trials": 2, "sampler": "grid", "pruner": "median",
              "space": {"fit.learning_rate": {"choices": [GOOD, BAD]}}, **sweep}
-    if "sweep" in SECTIONS:
-        return RunConfig.from_dict({**sections, "sweep": sweep})
-    base = RunConfig.from_dict(sections)
-    return _Swept(**{f.name: getattr(base, f.name) for f in dataclasses.fields(RunConfig)},
-                  sweep=SweepConfig(**sweep))
+    return RunConfig.from_dict({**sections, "sweep": sweep})
 
 
 def data() -> tuple[np.ndarray, np.ndarray]:

@@ -4,15 +4,12 @@ trial's config is an ordinary run's."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
-from dataclasses import dataclass, field
 
 import pytest
 
 from training.config.run import RunConfig
-from training.config.sections import SECTIONS
-from training.config.sweep import MAX_TRIALS, SweepConfig, check_sweep
+from training.config.sweep import MAX_TRIALS, SweepConfig
 from training.errors import ConfigError
 from training.sweep.space import grid_points, grid_size, parse
 from training.sweep.trial import trial_config, trial_run_id
@@ -23,24 +20,9 @@ SPACE = {"fit.learning_rate": {"float": [1e-4, 1e-1], "log": True},
          "dataset.augment": {"choices": ["none", "flip"]}}
 
 
-@dataclass(frozen=True)
-class _Swept(RunConfig):
-    """RunConfig with the sweep section, while training/config/run.py does not hold it."""
-
-    sweep: SweepConfig = field(default_factory=SweepConfig)
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check_sweep(self)
-
-
 def swept(sweep: dict | None = None, **sections) -> RunConfig:
     """A config with a sweep section, built as a JSON config file is."""
-    if "sweep" in SECTIONS:
-        return RunConfig.from_dict({**sections, "sweep": sweep or {}})
-    base = RunConfig.from_dict(sections)
-    return _Swept(**{f.name: getattr(base, f.name) for f in dataclasses.fields(RunConfig)},
-                  sweep=SweepConfig(**(sweep or {})))
+    return RunConfig.from_dict({**sections, "sweep": sweep or {}})
 
 
 def backbone(sweep: dict, **sections) -> RunConfig:
@@ -245,8 +227,7 @@ def test_a_trials_config_is_an_ordinary_run_with_its_own_run_id():
     # tell them apart.
     assert {k: v for k, v in trial.to_dict().items() if k not in ("sweep", "storage")} == {
         k: v for k, v in plain.to_dict().items() if k not in ("sweep", "storage")}
-    if "sweep" in SECTIONS:  # registered: the trial hashes as the plain run does
-        assert trial.fingerprint() == plain.fingerprint()
+    assert trial.fingerprint() == plain.fingerprint()  # the trial hashes as the plain run
 
 
 def test_a_trial_run_id_stays_a_name_when_the_base_is_long():

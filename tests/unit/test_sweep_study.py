@@ -9,15 +9,12 @@ import dataclasses
 import json
 import multiprocessing
 import time
-from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 import optuna
 import pytest
 
 from training.config.run import RunConfig
-from training.config.sections import SECTIONS
-from training.config.sweep import SweepConfig, check_sweep
 from training.errors import LaunchError, StorageError
 from training.sweep import study as sweeps
 from training.sweep.pick import pick
@@ -29,26 +26,11 @@ SPACE = {"fit.learning_rate": {"float": [1e-4, 1e-1], "log": True},
          "fit.epochs": {"int": [2, 6]}}
 
 
-@dataclass(frozen=True)
-class _Swept(RunConfig):
-    """RunConfig with the sweep section, while training/config/run.py does not hold it."""
-
-    sweep: SweepConfig = field(default_factory=SweepConfig)
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check_sweep(self)
-
-
 def swept(output_dir, run_id="night-1", monitor="val_loss", **sweep) -> RunConfig:
     sections = {"storage": {"output_dir": str(output_dir), "run_id": run_id},
                 "fit": {"early_stopping_monitor": monitor, "epochs": 6}}
     sweep = {"trials": 4, "sampler": "random", "space": SPACE, **sweep}
-    if "sweep" in SECTIONS:
-        return RunConfig.from_dict({**sections, "sweep": sweep})
-    base = RunConfig.from_dict(sections)
-    return _Swept(**{f.name: getattr(base, f.name) for f in dataclasses.fields(RunConfig)},
-                  sweep=SweepConfig(**sweep))
+    return RunConfig.from_dict({**sections, "sweep": sweep})
 
 
 def finish(sweep, slot, values, state="complete"):
