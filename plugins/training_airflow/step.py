@@ -176,7 +176,11 @@ class Step(BaseOperator):
 def _steps_graph(dag: Any) -> dict[str, list[str]]:
     """Each step's downstream steps, through the tasks that are not steps (the approval:
     Airflow's own operator, which keeps no record), as the run's records show them."""
-    steps = {t.task_id for t in dag.tasks if isinstance(t, Step)}
+    def is_step(task: Any) -> bool:  # a mapped task's operator is its operator_class
+        kind = getattr(task, "operator_class", None)
+        return isinstance(task, Step) or (isinstance(kind, type) and issubclass(kind, Step))
+
+    steps = {t.task_id for t in dag.tasks if is_step(t)}
 
     def below(task_id: str) -> set[str]:
         found: set[str] = set()

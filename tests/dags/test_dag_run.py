@@ -134,7 +134,11 @@ def test_an_undeclared_conf_key_fails_the_run_at_once_without_retries(dag):
     states, _ = _states_and_xcoms(run.run_id)
     assert str(run.state) == "failed"
     assert states["stage_dataset"] == "failed", states
-    assert states["train"] == "upstream_failed", states
+    assert states["validate_data"] == "upstream_failed", states
+    # train runs after the trials however they ended (all_done), and skips itself when
+    # validate_data did not pass; evaluate, below the failed stage_dataset, never runs.
+    assert states["train"] == "skipped", states
+    assert states["evaluate"] == "upstream_failed", states
 
 
 def test_a_configuration_error_in_train_fails_at_once_with_the_childs_error_line(dag, capfd):

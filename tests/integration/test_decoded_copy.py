@@ -31,6 +31,7 @@ from training.data.staged_arrays import StagedArrays
 from training.data.staging import StagedDataset
 from training.errors import DatasetError
 from training.steps import stage
+from training.train import fused_steps
 
 pytestmark = pytest.mark.slow
 
@@ -225,7 +226,9 @@ def test_jax_training_from_the_copy_ends_as_training_from_the_shards(staged, tmp
             np.testing.assert_array_equal(a, b)
     for run_id, where in (("copy", "host"), ("copy-device", "device")):
         run = json.loads((tmp_path / "runs" / run_id / "model" / "run.json").read_text())
-        assert run["input"] == {"train": where, "decoded_copy": True}
+        loop = None if where == "host" else {  # the split on the device: the CPU's loop
+            "form": "unrolled", "platform": "cpu", "why": fused_steps.CPU_WHY}
+        assert run["input"] == {"train": where, "decoded_copy": True, "loop": loop}
     assert trained.report["tensorflow_modules"] == []
 
 
@@ -239,7 +242,7 @@ def test_the_cli_trains_and_evaluates_on_tensorflow_from_the_copy(staged, tmp_pa
            "copy every epoch)" in proc.stderr
     trained = last_json(proc.stdout, "trained")["trained"]
     run = json.loads((Path(trained["run_dir"]) / "model" / "run.json").read_text())
-    assert run["input"] == {"train": "host", "decoded_copy": True}
+    assert run["input"] == {"train": "host", "decoded_copy": True, "loop": None}
     assert last_json(proc.stdout, "evaluation")["test_accuracy"] > 0.8
 
 

@@ -23,6 +23,8 @@ import pytest
 from support.cli import cli, last_json, one_error_line
 from support.jax_training import train_in_jax
 
+from training.train import fused_steps
+
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -133,7 +135,8 @@ def test_the_cli_trains_on_jax_and_publishes_a_saved_model_that_predicts_the_sam
     record = json.loads((model_dir / "run.json").read_text())
     assert record["strategy"]["backend"] == "jax"
     # digits fits: the fused loop trained it
-    assert record["input"] == {"train": "device", "decoded_copy": False}
+    assert record["input"] == {"train": "device", "decoded_copy": False, "loop": {
+        "form": "unrolled", "platform": "cpu", "why": fused_steps.CPU_WHY}}
     assert record["throughput"]["images_per_s"] > 0
     assert record["throughput"]["accelerator"]["platform"] == "cpu"
     assert (model_dir / "evaluation.json").is_file()

@@ -265,6 +265,16 @@ def test_a_sweep_from_the_form_runs_its_trials_as_mapped_tasks(dev_airflow: Any,
     page.goto(f"{stack.base_url}/dags/{DAG_ID}/runs/{run['dag_run_id']}/tasks/trial/mapped")
     expect(page.get_by_text(re.compile(r"^t0 learning_rate=")).first).to_be_visible()
     shot(page, "12-sweep-trials-named-by-their-values")
+    # The Models page says where the version came from, and links to the report's sweep.
+    page.get_by_role("link", name="Models", exact=True).click()
+    row = page.locator(f'tr.version[id="digits-swept-form/{picked}"]')
+    line = re.compile(r"best of 3 trials \(\d pruned, 0 failed\)")  # median pruner
+    expect(row.locator(".sweep")).to_have_text(line)
+    shot(page, "13-models-page-best-of-the-sweep")
+    row.locator(".sweep a").click()
+    expect(page.locator("h1")).to_have_text(f"digits-swept-form version {picked}")
+    expect(page.get_by_text(line).first).to_be_visible()
+    shot(page, "14-report-sweep-section")
     page.close()
 
 

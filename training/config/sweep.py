@@ -7,6 +7,9 @@ where it runs and is stored) and take every value its distribution can give.
 ``training.config.run.check_across`` calls it, so a bad space fails the run's first
 task, before anything is staged. The space itself is parsed by ``training.sweep.space``.
 docs/sweeps.md.
+
+Over 300 lines on purpose, and why: the section's fields, what may be searched and why
+not, and every rule across them are the one contract a sweep's config keeps.
 """
 
 from __future__ import annotations
