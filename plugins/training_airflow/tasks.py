@@ -32,9 +32,8 @@ import os
 from typing import Any
 
 from training_airflow.links import VERSION_XCOM, ModelVersionLink
-from training_airflow.step import CONFIG_XCOM, Step
+from training_airflow.step import Step
 
-__all__ = ["CONFIG_XCOM", "SKIP_XCOM", "Step"]  # (and the operators) for the DAG, tests
 SKIP_XCOM = "skipped_because"  # validate_data: why the run did not train
 
 
