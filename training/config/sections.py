@@ -89,6 +89,12 @@ class ModelConfig(Section):
                 "or unfreeze_layers to 0")
 
 
+def monitor_rises(monitor: str) -> bool:
+    """Whether a monitored metric gets better as it rises: accuracy up, loss down. The
+    one rule for EarlyStopping's mode and a sweep's direction."""
+    return monitor.endswith("accuracy")
+
+
 @dataclass(frozen=True)
 class FitConfig(Section):
     SECTION = "fit"

@@ -16,6 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from training.config.sections import monitor_rises
+
 __all__ = ["SWEEP_ANCHOR", "Trial", "best_number", "duration_text", "maximized", "sweep_section",
            "trials", "trials_line", "value_text"]
 
@@ -68,12 +70,12 @@ def trials_line(counts: Any) -> str | None:
 
 def maximized(doc: Mapping[str, Any]) -> bool:
     """Whether a higher objective is better (``objective.direction``, else the monitor's
-    name: loss is minimised, as EarlyStopping decides)."""
+    name, as EarlyStopping decides)."""
     objective = doc.get("objective") if isinstance(doc.get("objective"), Mapping) else {}
     direction = objective.get("direction")
     if direction in ("maximize", "minimize"):
         return direction == "maximize"
-    return "loss" not in str(objective.get("monitor") or "")
+    return monitor_rises(str(objective.get("monitor") or ""))
 
 
 def _epochs(value: Any) -> tuple[tuple[int, float], ...]:

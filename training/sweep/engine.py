@@ -15,6 +15,7 @@ from typing import Any
 
 import optuna
 
+from training.config.sections import monitor_rises as maximize  # accuracy up, loss down
 from training.sweep.space import Param
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)  # steps.sweep logs what a sweep does
@@ -23,12 +24,6 @@ MEDIAN_MAX_STARTUP = 5  # completed trials before median pruning starts (fewer i
 MEDIAN_WARMUP_SHARE = 5  # the first 1/5 of the epochs are never pruned by the median
 HYPERBAND_REDUCTION = 3  # hyperband keeps the best third at each rung
 TPE_MAX_STARTUP = 10  # random trials before TPE models the results (fewer in small sweeps)
-
-
-def maximize(monitor: str) -> bool:
-    """Whether the objective (the early-stopping monitor) rises as it gets better: the
-    rule of ``training.train.fit.make_callbacks``, accuracy up, loss down."""
-    return monitor.endswith("accuracy")
 
 
 def direction(monitor: str) -> str:

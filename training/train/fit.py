@@ -37,6 +37,7 @@ from typing import Any
 
 from training import backend, layout, produced
 from training.config import FitConfig, RunConfig
+from training.config.sections import monitor_rises
 from training.data import staging
 from training.data.catalog import dataset_info
 from training.data.input import load_builder, make_dataset, split_names, split_size
@@ -67,7 +68,7 @@ def make_callbacks(fit: FitConfig, run_dir: Path, tuning: Sequence[Any] = (),
 
     best = run_dir.joinpath(*layout.BEST_CHECKPOINT)
     best.parent.mkdir(parents=True, exist_ok=True)
-    mode = "max" if fit.early_stopping_monitor.endswith("accuracy") else "min"
+    mode = "max" if monitor_rises(fit.early_stopping_monitor) else "min"
     early_stopping = keras.callbacks.EarlyStopping(
         monitor=fit.early_stopping_monitor,
         mode=mode,
