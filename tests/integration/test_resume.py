@@ -14,12 +14,11 @@ import json
 import os
 import signal
 import subprocess
-import sys
-import threading
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from support.cli import streamed
 from support.output import tail
 
 from training.config import RunConfig
@@ -53,26 +52,9 @@ def _run(config: Path, on_line: Callable[[subprocess.Popen, str], None] | None =
     runs it); (exit status, output lines). ``on_line(proc, line)`` sees every line as it
     comes. A process still running after ``hang_guard_s`` is killed (a hang fails the
     test on its exit status; nothing here measures time)."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "2",
-           "CUDA_VISIBLE_DEVICES": "", **(env or {})}
-    proc = subprocess.Popen([sys.executable, "-m", "training", command, "--config",
-                             os.fspath(config)], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env=env,
-                            start_new_session=True)
-    lines = []
-    guard = threading.Timer(hang_guard_s, proc.kill)
-    guard.start()
-    try:
-        for raw in proc.stdout:
-            lines.append(raw.rstrip("\n"))
-            if on_line is not None:
-                on_line(proc, lines[-1])
-        return proc.wait(), lines
-    finally:
-        guard.cancel()
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    return streamed([command, "--config", os.fspath(config)], on_line=on_line,
+                    env={"CUDA_VISIBLE_DEVICES": "", **(env or {})},
+                    hang_guard_s=hang_guard_s)
 
 
 def _epoch_lines(lines: list[str]) -> list[str]:

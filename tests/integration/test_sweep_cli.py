@@ -25,14 +25,13 @@ import re
 import signal
 import socket
 import subprocess
-import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
 
 import psutil
 import pytest
-from support.cli import cli, last_json, one_error_line
+from support.cli import cli, last_json, one_error_line, streamed
 from support.output import tail
 
 from training.sweep import engine, space
@@ -216,25 +215,7 @@ def _stream(work: Path, args: list[str], on_line: Callable[[subprocess.Popen, st
     """``python -m training ARGS`` in ``work``, stdout and stderr as one stream of lines,
     each seen by ``on_line(proc, line)`` as it comes; (exit status, lines). A process
     still running after ``hang_guard_s`` is killed: a hang fails on its status."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "training", *args], cwd=work, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True, start_new_session=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "2",
-             **(env or {})})
-    guard = threading.Timer(hang_guard_s, proc.kill)
-    guard.start()
-    lines: list[str] = []
-    try:
-        for raw in proc.stdout:
-            lines.append(raw.rstrip("\n"))
-            if on_line is not None:
-                on_line(proc, lines[-1])
-        return proc.wait(), lines
-    finally:
-        guard.cancel()
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    return streamed(args, cwd=work, env=env, on_line=on_line, hang_guard_s=hang_guard_s)
 
 
 def _in_epoch_2(lines: list[str]) -> set[int]:

@@ -6,6 +6,8 @@ import json
 import os
 import subprocess
 import sys
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -16,6 +18,34 @@ def cli(cwd: Path, *args: str, env: dict[str, str] | None = None,
                           env={**os.environ, "PYTHONUNBUFFERED": "1",
                                "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})},
                           capture_output=True, text=True, timeout=timeout)
+
+
+def streamed(args: list[str], *, cwd: Path | None = None, env: dict[str, str] | None = None,
+             on_line: Callable[[subprocess.Popen, str], None] | None = None,
+             hang_guard_s: float = 600) -> tuple[int, list[str]]:
+    """``python -m training ARGS`` in its own session, stdout and stderr as one stream of
+    lines, each seen by ``on_line(proc, line)`` as it comes (to signal it mid-epoch);
+    (exit status, lines). A process still running after ``hang_guard_s`` is killed: a
+    hang fails the test on its status (nothing here measures time)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "training", *args], cwd=cwd, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "2",
+             **(env or {})})
+    guard = threading.Timer(hang_guard_s, proc.kill)
+    guard.start()
+    lines: list[str] = []
+    try:
+        for raw in proc.stdout:
+            lines.append(raw.rstrip("\n"))
+            if on_line is not None:
+                on_line(proc, lines[-1])
+        return proc.wait(), lines
+    finally:
+        guard.cancel()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def last_json(stdout: str, key: str | None = None) -> dict:
