@@ -3,7 +3,7 @@
 Day ``n`` (1-based, from ``START``) is the partition ``dt=YYYY-MM-DD/<label>/<k>.png``:
 ``per_day`` distinct 28x28x1 PNGs, 10 labels (scikit-learn's digits, scaled up, with
 noise drawn per image: every file has bytes of its own), landed with
-``training.data.landing.land`` (the files, then ``_SUCCESS`` last). The same day gives
+``training.data.sources.landing.land`` (the files, then ``_SUCCESS`` last). The same day gives
 the same bytes on every run, so landing it again is a no-op.
 
 ``cached_directory_store`` keeps a directory store of landed days in the temporary
@@ -67,7 +67,7 @@ def write_day(source_root: Path, n: int, per_day: int) -> Path:
 
 def land_days(data_uri: str, days: range, per_day: int, store_options: Any = None) -> int:
     """Land each day of ``days`` that has not landed yet; how many were landed now."""
-    from training.data.landing import land, read_marker
+    from training.data.sources.landing import land, read_marker
     from training.registry import open_store
 
     store = open_store(data_uri, store_options)

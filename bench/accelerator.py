@@ -58,9 +58,9 @@ def staged_set(root: Path, model: str, batch: int, train: int) -> Any:
     its decoded copy (``dataset.decoded_copy``)."""
     from synthetic_staged import write
 
-    from training.data import decoded_copy
-    from training.data.input import split_names
-    from training.data.staged_arrays import StagedArrays
+    from training.data.input import decoded_copy
+    from training.data.input.staged_arrays import StagedArrays
+    from training.data.snapshot.splits import split_names
 
     name = f"bench_{model}_{train}_{batch}"
     path = root / "datasets" / name
@@ -187,7 +187,8 @@ def fed(root: Path, batch: int, train: int, epochs: int, decoded: bool) -> float
     import jax
     from keras.src.trainers.data_adapters.py_dataset_adapter import PyDatasetAdapter
 
-    from training.data.input import load_builder, make_dataset, split_names
+    from training.data.input.choose import load_builder, make_dataset
+    from training.data.snapshot.splits import split_names
 
     staged = staged_set(root, "resnet50", batch, train)
     builder = load_builder(staged)

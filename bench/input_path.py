@@ -9,7 +9,7 @@ in one process:
 
 - **ours**: ``staging.stage`` (source images, ``image_shape`` 64x64x3: every file
   decoded and resized once, by Pillow in 16 threads) - timed apart, once - then
-  ``input.make_dataset(..., augment="flip_crop")`` over the staged shards, with
+  ``choose.make_dataset(..., augment="flip_crop")`` over the staged shards, with
   ``input_cache`` ``memory`` and ``none``;
 - **plain**: the tf.data guide's pipeline over the files: ``from_tensor_slices`` of
   paths, a parallel map of ``read_file`` + ``decode_jpeg`` + ``resize``, ``cache()``,
@@ -115,7 +115,7 @@ def plain(files: list[tuple[Path, int]], cache: bool, seed: int):
 
 
 def ours(builder, split: str, cache: str, seed: int):
-    from training.data.input import make_dataset
+    from training.data.input.choose import make_dataset
 
     def make():
         return make_dataset(builder, split, global_batch_size=BATCH, shuffle=True,
@@ -135,8 +135,10 @@ def main() -> None:
     import tensorflow  # noqa: F401  (imported before any clock)
 
     from training.config import DatasetConfig
-    from training.data import images, staging
-    from training.data.input import load_builder, split_names
+    from training.data.input.choose import load_builder
+    from training.data.snapshot import staging
+    from training.data.snapshot.splits import split_names
+    from training.data.sources import images
 
     report = Report("Input path for real images: ours vs a plain tf.data pipeline")
     work = Path(tempfile.mkdtemp(prefix="bench-input-"))

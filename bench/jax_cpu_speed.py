@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     from _common import Report
     from synthetic_staged import write
 
-    from training.data.staged_arrays import StagedArrays
+    from training.data.input.staged_arrays import StagedArrays
 
     report = Report(f"JAX on this CPU: ours against plain Keras fit ({args.reps} reps, "
                     f"{args.epochs} epochs, batch {args.batch})")

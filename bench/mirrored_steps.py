@@ -32,7 +32,7 @@ from _common import Report, median  # noqa: E402
 from training_speed import BenchMnistShape, EpochClock, KerasClock  # noqa: E402
 
 from training.config import DatasetConfig, RunConfig  # noqa: E402
-from training.data import staging  # noqa: E402
+from training.data.snapshot import staging  # noqa: E402
 from training.train.fit import train  # noqa: E402
 
 

@@ -6,7 +6,7 @@ directory, stopped at the end) holds ``2 x --images`` 28x28x1 PNGs landed as day
 turned every repetition), ``--reps`` times, each in a child process with its imports
 done before the clock starts (as in a task):
 
-- **staging**: ``training.data.staging.stage`` of the first ``--images`` (``until`` =
+- **staging**: ``training.data.snapshot.staging.stage`` of the first ``--images`` (``until`` =
   their last day, no window) into a fresh staging directory, the S3 options of the
   team's identity: list, fetch, decode, split, shards, manifest, statistics; its peak
   RSS during the call (``VmHWM`` reset after the imports) and its RSS before it;
@@ -61,7 +61,7 @@ def reset_peak():
 STAGE = MEMORY + '''
 import contextlib, io, json, time
 from training.config import DatasetConfig
-from training.data import staging
+from training.data.snapshot import staging
 from training.registry.s3 import S3Options
 import tensorflow, tensorflow_datasets  # imported before the clock, as in a task
 options = S3Options(**json.loads({options!r}))

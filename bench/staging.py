@@ -4,7 +4,7 @@ A team's own images (``_team_images.py``: 28x28x1 PNGs, 600 a day, 10 labels, a
 directory store of ``dt=YYYY-MM-DD/<label>/<n>.png`` partitions, ``_SUCCESS`` last).
 For each N in ``--days`` (default 10, 20, 30, 40, 50, 60), in this one process
 (TensorFlow and tensorflow-datasets imported before any clock), through the public
-``training.data.staging.stage`` only:
+``training.data.snapshot.staging.stage`` only:
 
 - **set-up, not timed**: a staging directory with N days staged (``stage`` with
   ``until`` = day N, no window, once), copied afresh for every repetition;
@@ -54,7 +54,7 @@ stream = io.StringIO()
 logging.basicConfig(level=logging.INFO, stream=stream)
 start = time.perf_counter()
 from training.config import DatasetConfig
-from training.data import staging
+from training.data.snapshot import staging
 staged = staging.stage(DatasetConfig(**json.loads({cfg!r})))
 print(json.dumps({{"seconds": time.perf_counter() - start, "key": staged.key,
                   "cache_hit": "cache hit" in stream.getvalue()}}))
@@ -69,7 +69,7 @@ def config(uri: str, staging_dir: str, until: str, window_days: int) -> dict:
 def stage(settings: dict) -> tuple[float, str]:
     """Seconds of one ``staging.stage`` call, and the staged key; tfds's prints hidden."""
     from training.config import DatasetConfig
-    from training.data import staging
+    from training.data.snapshot import staging
 
     cfg = DatasetConfig(**settings)
     with contextlib.redirect_stdout(io.StringIO()):

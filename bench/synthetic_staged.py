@@ -6,7 +6,7 @@ stage with), so ``bench/jax_device.py`` makes its data there: a tfds-layout dire
 ``tf.train.Example`` records: a PNG ``image`` and an int64 ``label``) and the staging
 manifest that ``staging.verify`` checks, exactly what ``staging.stage`` leaves for a
 tfds dataset, so the training process reads it as it reads ``digits`` or mnist
-(``training.data.staged_arrays``).
+(``training.data.input.staged_arrays``).
 
 The images are the seed's shapes: each class a fixed blocky pattern, shifted a few
 pixels and drowned in noise (as ``bench/training_speed.py``'s), so accuracy means
@@ -23,8 +23,8 @@ from pathlib import Path
 import numpy as np
 
 from training.data import manifest
-from training.data.records import field, frame, varint
-from training.data.staging import StagedDataset
+from training.data.input.records import field, frame, varint
+from training.data.snapshot.staging import StagedDataset
 from training.layout import STAGING_MANIFEST
 
 VERSION = "1.0.0"

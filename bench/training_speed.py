@@ -57,7 +57,7 @@ import tensorflow_datasets as tfds  # noqa: E402
 from _common import Report, median  # noqa: E402
 
 from training.config import DatasetConfig, RunConfig  # noqa: E402
-from training.data import staging  # noqa: E402
+from training.data.snapshot import staging  # noqa: E402
 from training.train import models  # noqa: E402
 from training.train.fit import train  # noqa: E402
 

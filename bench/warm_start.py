@@ -2,8 +2,8 @@
 epochs and wall time until the new model reaches production's test accuracy.
 
 The data are the offline digits as a team's daily partitions of PNG files
-(``training.data.demo``, no drift day, landed by ``training.data.landing``), staged as
-``data_source`` images, 8x8x1:
+(``training.data.sources.demo``, no drift day, landed by
+``training.data.sources.landing``), staged as ``data_source`` images, 8x8x1:
 
 1. **night 1**: the partitions up to day 1 are staged; a cold run trains there (the
    product's defaults: early stopping, learning-rate reductions) and is evaluated,
@@ -46,9 +46,9 @@ import keras  # noqa: E402
 from _common import machine, median  # noqa: E402
 
 from training.config import RunConfig  # noqa: E402
-from training.data.demo import write_demo_partitions  # noqa: E402
-from training.data.input import load_builder, make_dataset  # noqa: E402
-from training.data.landing import land  # noqa: E402
+from training.data.input.choose import load_builder, make_dataset  # noqa: E402
+from training.data.sources.demo import write_demo_partitions  # noqa: E402
+from training.data.sources.landing import land  # noqa: E402
 from training.layout import RUN, model_dir  # noqa: E402
 from training.metrics import evaluate_model  # noqa: E402
 from training.registry.versions import open_registry  # noqa: E402

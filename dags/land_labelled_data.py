@@ -3,7 +3,7 @@
 
 Copies one day's partition of labelled images, `<source_dir>/dt=YYYY-MM-DD/<label>/<file>`,
 into the data store (`<data_uri>/dt=YYYY-MM-DD/...`, `_SUCCESS` written last) with
-`training.data.landing.land`, and records an event of the `labelled_data` Asset
+`training.data.sources.landing.land`, and records an event of the `labelled_data` Asset
 (`x-training://data/labelled`) whose `extra` is `{"partition", "files", "data_uri"}`.
 `keras_retrain` is scheduled on that Asset: every landing starts a retraining run.
 
@@ -15,7 +15,7 @@ into the data store (`<data_uri>/dt=YYYY-MM-DD/...`, `_SUCCESS` written last) wi
 * Landing the same content again is a no-op that still records an event; different
   content for a partition that has landed fails the task at once, without retries.
 
-Logic lives in `training.data.landing`; this file only declares. See docs/data-arrival.md.
+Logic lives in `training.data.sources.landing`; this file only declares. See docs/data-arrival.md.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ with DAG(
         """Land the partition; the Asset event's extra says which one."""
         from airflow.sdk.exceptions import AirflowFailException
 
-        from training.data import landing
+        from training.data.sources import landing
         from training.errors import ConfigError, DatasetError
         from training_airflow.store import s3_options
 

@@ -51,7 +51,7 @@ def staging_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
 @pytest.fixture(scope="session")
 def staged_digits(staging_dir: str):
     from training.config import DatasetConfig
-    from training.data import staging
+    from training.data.snapshot import staging
 
     return staging.stage(DatasetConfig(staging_dir=staging_dir))
 

@@ -121,7 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
                                   "which may prune it (docs/sweeps.md)")
             cmd.add_argument("--trial", type=int, metavar="N",
                              help="the trial's slot in that sweep (with --trial-of)")
-    # Listed here for --help; main() hands `data ...` to training.data.landing whole.
+    # Listed here for --help; main() hands `data ...` to training.data.sources.landing whole.
     sub.add_parser("data", help="The team's data: `data demo` writes the digits as daily "
                    "partitions, `data land` lands one partition (data --help).")
     models = sub.add_parser("models", help="List, show, promote or roll back model versions.",
@@ -278,7 +278,7 @@ def _data_stats(path: str | None) -> dict[str, Any] | None:
 
 
 def _clean_staging(args: argparse.Namespace) -> int:
-    from training.data.staging_cleanup import clean_staging
+    from training.data.snapshot.staging_cleanup import clean_staging
 
     print(json.dumps(clean_staging(args.staging_dir, args.output_dir, args.store_uri,
                                    keep_latest=args.keep_latest, dry_run=args.dry_run)))
@@ -288,7 +288,7 @@ def _clean_staging(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["data"]:
-        from training.data import landing
+        from training.data.sources import landing
 
         return landing.main(argv[1:], prog="python -m training data")
     args = build_parser().parse_args(argv)

@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 SUBJECT_PREFIX = "[training] "
 TIMEOUT_S = 10  # a receiver slower than this is down, as far as a run is concerned
 VALIDATE_TASK = "validate_data"
-VALIDATION_FAILED = "the staged data failed validation"  # training.data.validation
+VALIDATION_FAILED = "the staged data failed validation"  # training.data.snapshot.validation
 DEFAULT_BASE_URL = "http://localhost:8080"  # Airflow's own fallback for ti.log_url
 
 

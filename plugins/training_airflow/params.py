@@ -169,7 +169,7 @@ def run_day(context: Mapping[str, Any]) -> str:
     From the run, never the clock."""
     from datetime import timedelta
 
-    from training.data.images import PARTITION
+    from training.data.sources.images import PARTITION
 
     landed = [extra["partition"][3:]
               for events in (context.get("triggering_asset_events") or {}).values()

@@ -48,7 +48,7 @@ class PlanTrialsOperator(Step):
     def work(self, cfg: Any, context: Any) -> list[int]:
         if not cfg.sweep.enabled:
             return []
-        from training.data.staging import StagedDataset
+        from training.data.snapshot.staging import StagedDataset
         from training.steps import sweep
 
         return sweep.plan(cfg, StagedDataset.from_dict(self.staged))
@@ -84,7 +84,7 @@ class TrialOperator(Step):
     def work(self, cfg: Any, context: Any) -> dict[str, Any]:
         from airflow.sdk.exceptions import AirflowFailException
 
-        from training.data.staging import StagedDataset
+        from training.data.snapshot.staging import StagedDataset
         from training.steps import sweep
 
         slot = int(self.slot)

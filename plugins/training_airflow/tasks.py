@@ -105,7 +105,7 @@ class TrainOperator(Step):
         from training_airflow import sweep_tasks
 
         if cfg.sweep.enabled:
-            from training.data.staging import StagedDataset
+            from training.data.snapshot.staging import StagedDataset
 
             return sweep_tasks.pick(self, cfg, StagedDataset.from_dict(self.staged), context)
         self.log.info("launching %s training for run %s (%s, %d worker(s))",
@@ -137,7 +137,7 @@ class ValidateOperator(Step):
     def work(self, cfg: Any, context: Any) -> dict[str, Any]:
         from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-        from training.data.staging import StagedDataset
+        from training.data.snapshot.staging import StagedDataset
         from training.errors import ValidationError
         from training.steps import validate
         from training_airflow.store import open_registry
@@ -169,7 +169,7 @@ class EvaluateOperator(_ModelStep):
         self.staged, self.trained, self.validated = staged, trained, validated
 
     def step(self, cfg: Any, registry: Any, context: Any) -> dict[str, Any]:
-        from training.data.staging import StagedDataset
+        from training.data.snapshot.staging import StagedDataset
         from training.errors import LaunchError
         from training.steps import evaluate
 

@@ -18,7 +18,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from training.data import landing
+from training.data.sources import landing
 from training.errors import ConfigError, DatasetError, StorageError
 
 LABELLED_URI = "x-training://data/labelled"
@@ -28,7 +28,7 @@ DAYS = ("dt=2026-11-28", "dt=2026-11-29", "dt=2026-11-30")
 @pytest.fixture(scope="module")
 def incoming(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     """The default demo: three days, the third drifted."""
-    from training.data.demo import write_demo_partitions
+    from training.data.sources.demo import write_demo_partitions
 
     out = tmp_path_factory.mktemp("incoming")
     return out, write_demo_partitions(out)
@@ -54,7 +54,7 @@ def _high_labels(partition: Path) -> float:
 # --- demo partitions -------------------------------------------------------------------
 
 def test_demo_partitions_are_deterministic_and_drift_on_the_drift_day(incoming, tmp_path):
-    from training.data.demo import write_demo_partitions
+    from training.data.sources.demo import write_demo_partitions
 
     out, result = incoming
     assert [p["partition"] for p in result["partitions"]] == list(DAYS)
@@ -78,7 +78,7 @@ def test_demo_partitions_are_deterministic_and_drift_on_the_drift_day(incoming, 
 
 
 def test_demo_skip_day_writes_no_partition_and_bad_arguments_are_refused(tmp_path):
-    from training.data.demo import write_demo_partitions
+    from training.data.sources.demo import write_demo_partitions
 
     result = write_demo_partitions(tmp_path, days=4, drift_day=4, skip_day=3)
     assert result["skipped"] == ["dt=2026-11-30"]
@@ -252,7 +252,7 @@ def test_the_source_must_be_label_slash_file(tmp_path):
 
 def test_the_command_line_lands_and_fails_in_one_line(source, tmp_path):
     def run(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "training.data.landing", *args],
+        return subprocess.run([sys.executable, "-m", "training.data.sources.landing", *args],
                               capture_output=True, text=True, timeout=120)
 
     store = os.fspath(tmp_path / "labelled")

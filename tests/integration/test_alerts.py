@@ -30,7 +30,7 @@ from support.receivers import (
     webhook_receiver,
 )
 
-from training.data.validation import require_valid
+from training.data.snapshot.validation import require_valid
 from training.errors import ValidationError
 from training_airflow import alerts
 
@@ -298,7 +298,7 @@ DAG_FILE = '''
 from airflow.sdk import DAG, task
 from airflow.sdk.exceptions import AirflowFailException
 
-from training.data.validation import require_valid
+from training.data.snapshot.validation import require_valid
 from training.errors import ValidationError
 from training_airflow.alerts import on_task_failure
 

@@ -165,9 +165,9 @@ def test_a_backbone_trains_an_epoch_on_mock_data(name, dataset, tmp_path):
     import tensorflow_datasets as tfds
 
     from training.config.data import DatasetConfig
-    from training.data import staging
-    from training.data.catalog import dataset_info
-    from training.data.input import load_builder, make_dataset
+    from training.data.input.choose import load_builder, make_dataset
+    from training.data.snapshot import staging
+    from training.data.sources.catalog import dataset_info
 
     with tfds.testing.mock_data(num_examples=32):
         staged = staging.stage(DatasetConfig(name=dataset, staging_dir=os.fspath(tmp_path)))

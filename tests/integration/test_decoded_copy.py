@@ -25,10 +25,12 @@ from support.cli import cli, last_json
 from support.jax_training import train_in_jax
 
 from training.config import RunConfig
-from training.data import decoded_copy, staging
-from training.data.input import load_builder, make_dataset, split_names
-from training.data.staged_arrays import StagedArrays
-from training.data.staging import StagedDataset
+from training.data.input import decoded_copy
+from training.data.input.choose import load_builder, make_dataset
+from training.data.input.staged_arrays import StagedArrays
+from training.data.snapshot import staging
+from training.data.snapshot.splits import split_names
+from training.data.snapshot.staging import StagedDataset
 from training.errors import DatasetError
 from training.steps import stage
 from training.train import fused_steps
@@ -97,7 +99,7 @@ def test_tf_data_reads_the_copy_as_it_decodes_the_shards(staged, cache):
 
 
 def test_the_jax_input_gathers_batches_from_the_memory_map(staged):
-    from training.data.array_input import SplitBatches
+    from training.data.input.numpy_reader import SplitBatches
 
     reader = StagedArrays(staged)
     split = _splits(staged)[0]
@@ -247,8 +249,8 @@ def test_the_cli_trains_and_evaluates_on_tensorflow_from_the_copy(staged, tmp_pa
 
 
 def test_a_teams_snapshot_gets_its_copy_and_both_backends_read_it(tmp_path):
-    from training.data.demo import write_demo_partitions
-    from training.data.landing import land
+    from training.data.sources.demo import write_demo_partitions
+    from training.data.sources.landing import land
 
     incoming, uri = tmp_path / "incoming", os.fspath(tmp_path / "landed")
     write_demo_partitions(incoming, start="2026-11-28", days=2, drift_day=0)

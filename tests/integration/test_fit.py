@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from training.config import RunConfig
-from training.data.input import load_builder, make_dataset
+from training.data.input.choose import load_builder, make_dataset
 from training.train.fit import train
 
 pytestmark = pytest.mark.slow

@@ -1,5 +1,5 @@
 """A training split kept on the device and several steps per dispatch as one compiled
-loop (``training.data.device_split``, ``training.train.fused_steps``), on this CPU's JAX
+loop (``training.data.input.device_split``, ``training.train.fused_steps``), on this CPU's JAX
 devices.
 
 The loop must compute what Keras's own loop computes: the same seed trains the same
@@ -26,7 +26,7 @@ import pytest
 from support.jax_training import ROOT, train_in_jax
 from support.output import tail
 
-from training.data.device_split import plan
+from training.data.input.device_split import plan
 from training.train import fused_steps
 
 pytestmark = pytest.mark.slow
@@ -90,7 +90,7 @@ import jax
 import keras
 import numpy as np
 
-from training.data.device_split import DeviceSplit, IndexBatches
+from training.data.input.device_split import DeviceSplit, IndexBatches
 from training.train import fused_steps, models
 
 

@@ -19,10 +19,11 @@ import tensorflow_datasets as tfds
 
 from training import layout
 from training.config import RunConfig
-from training.data import staging
-from training.data.input import load_builder, make_dataset, split_names
-from training.data.landing import land
-from training.data.statistics import dataset_statistics
+from training.data.input.choose import load_builder, make_dataset
+from training.data.snapshot import staging
+from training.data.snapshot.splits import split_names
+from training.data.snapshot.statistics import dataset_statistics
+from training.data.sources.landing import land
 from training.errors import DatasetError
 from training.registry import open_store
 
@@ -86,7 +87,7 @@ def test_a_new_night_decodes_only_its_new_partition_and_reads_like_the_images(
     uri, _ = three_days
     first = staging.stage(own(uri, tmp_path, data_until=DAYS[1]).dataset)
     assert len(partitions(tmp_path)) == 2
-    with caplog.at_level(logging.INFO, logger="training.data.own_snapshot"):
+    with caplog.at_level(logging.INFO, logger="training.data.snapshot.own_snapshot"):
         grown = staging.stage(own(uri, tmp_path, data_until=DAYS[2]).dataset)
     assert "3 partitions, 1 decoded now, 2 reused" in caplog.text
     assert len(partitions(tmp_path)) == 3

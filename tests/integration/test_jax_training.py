@@ -128,7 +128,7 @@ def test_the_cli_trains_on_jax_and_publishes_a_saved_model_that_predicts_the_sam
     import keras
     import tensorflow as tf
 
-    from training.data.input import load_builder, make_dataset
+    from training.data.input.choose import load_builder, make_dataset
 
     work, trained, proc = cli_run
     model_dir = Path(trained["model_path"]).parent
@@ -146,8 +146,8 @@ def test_the_cli_trains_on_jax_and_publishes_a_saved_model_that_predicts_the_sam
         "import sys, numpy as np\n"
         "from training import backend; backend.use('jax')\n"
         "import keras\n"
-        "from training.data.staging import StagedDataset\n"
-        "from training.data.staged_arrays import StagedArrays\n"
+        "from training.data.snapshot.staging import StagedDataset\n"
+        "from training.data.input.staged_arrays import StagedArrays\n"
         "images, _ = StagedArrays(StagedDataset.read(sys.argv[2])).arrays('test')\n"
         "model = keras.saving.load_model(sys.argv[1], safe_mode=True)\n"
         "np.save(sys.argv[3], model.predict(images, verbose=0))\n"

@@ -24,7 +24,7 @@ import tensorflow_datasets as tfds
 
 from training.cli import main
 from training.config import DatasetConfig
-from training.data import staging
+from training.data.snapshot import staging
 
 PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY", "http_proxy",
                    "https_proxy", "all_proxy", "no_proxy")

@@ -15,8 +15,8 @@ from PIL import Image
 
 from training import layout
 from training.config import RunConfig
-from training.data import staging
-from training.data.images import select_partitions, split_of
+from training.data.snapshot import staging
+from training.data.sources.images import select_partitions, split_of
 from training.errors import DatasetError, ValidationError
 from training.registry import open_store
 from training.registry.versions import ModelRegistry
@@ -168,8 +168,8 @@ def test_nothing_new_skips_new_data_is_checked_and_bad_data_is_refused(tmp_path)
 def test_landed_partitions_stage_exactly_what_was_landed(tmp_path):
     """The lander's marker lists its files: leftovers are not data, and a partition
     being replaced waits for its new marker."""
-    from training.data.demo import write_demo_partitions
-    from training.data.landing import land
+    from training.data.sources.demo import write_demo_partitions
+    from training.data.sources.landing import land
 
     incoming, uri = tmp_path / "incoming", os.fspath(tmp_path / "landed")
     write_demo_partitions(incoming, start=DAYS[0], days=2, drift_day=0)
@@ -221,7 +221,7 @@ def test_tfrecord_partitions_stage_like_image_files(tmp_path):
 
 def test_a_pinned_holdout_on_s3_is_read_whole_and_a_changed_or_foreign_file_is_named(
         s3_server):
-    from training.data.holdout import load_holdout
+    from training.data.snapshot.holdout import load_holdout
 
     bucket = s3_server.create_bucket()
     uri = f"s3://{bucket}/team/holdout"

@@ -22,7 +22,7 @@ from support.cli import streamed
 from support.output import tail
 
 from training.config import RunConfig
-from training.data.input import load_builder, make_dataset
+from training.data.input.choose import load_builder, make_dataset
 from training.files import sha256_file
 from training.train.fit import train
 from training.train.preemption import EXIT_CODE

@@ -165,7 +165,7 @@ def test_two_processes_with_one_run_id_one_trains_the_other_is_told_who(staging_
 
 def test_a_staging_claim_held_elsewhere_names_its_holder(tmp_path, monkeypatch):
     from training.config import DatasetConfig
-    from training.data import staging
+    from training.data.snapshot import staging
     from training.errors import BusyError
 
     staging_dir = tmp_path / "staging"
@@ -408,7 +408,7 @@ def test_a_download_that_fails_is_one_error_and_leaves_no_partial_files(tmp_path
     import tensorflow_datasets as tfds
 
     from training.config import DatasetConfig
-    from training.data import staging
+    from training.data.snapshot import staging
     from training.errors import DatasetError
 
     class OfflineImages(tfds.core.GeneratorBasedBuilder):

@@ -61,7 +61,7 @@ def main(spec_path: str, out_dir: str) -> int:
     import numpy as np
 
     from training.config import RunConfig
-    from training.data.staging import StagedDataset
+    from training.data.snapshot.staging import StagedDataset
     from training.train.fit import train
 
     class Layouts(keras.callbacks.Callback):

@@ -242,8 +242,8 @@ def test_a_drifted_night_is_refused_with_one_alert_naming_every_reason(
         dev_airflow: Any, alert_receivers: Any, tmp_path: Any):
     """The demo's days as a team's own images: two normal days train production, the
     drifted third day is refused by validate_data, and one alert says every reason."""
-    from training.data.demo import write_demo_partitions
-    from training.data.landing import land
+    from training.data.sources.demo import write_demo_partitions
+    from training.data.sources.landing import land
 
     stack, (smtp, webhook) = dev_airflow, alert_receivers
     incoming, labelled = tmp_path / "incoming", str(stack.root / "var" / "people-labelled")

@@ -1,6 +1,8 @@
 """The layout keeps its promises: no import circles, no Airflow in the library, short
-modules (or a reason at the top of a long one), none over 400 lines, and the process
-environment read only where a deployment or a process contract is read."""
+modules (or a reason at the top of a long one), none over 400 lines, the process
+environment read only where a deployment or a process contract is read, and the data
+rooms (``training/data/``: sources, snapshot, input) importing only downward, each saying
+what enters and what leaves, with one module that asks which kind of reader it holds."""
 
 from __future__ import annotations
 
@@ -148,3 +150,99 @@ def test_the_environment_check_sees_each_way_of_reading(tmp_path):
         assert _reads_environment(tmp_path / "m.py"), source
     (tmp_path / "m.py").write_text("import os\nos.path.join('a')\nenv = {}\nenv.get('X')")
     assert not _reads_environment(tmp_path / "m.py")
+
+
+# The data rooms, in a dataset's order: a room imports only the rooms before it (and
+# what lies below them all: ``training/data/manifest.py``).
+DATA = ROOT / "training" / "data"
+ROOMS = ("sources", "snapshot", "input")
+
+
+def _room(module: str) -> int | None:
+    """A module's place among the data rooms: 0 below them, 1.. each room; None outside."""
+    if module != "training.data" and not module.startswith("training.data."):
+        return None
+    part = module.split(".")[2] if module.count(".") >= 2 else ""
+    return ROOMS.index(part) + 1 if part in ROOMS else 0
+
+
+def _upward(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """(module, what it imports) for every import of a later data room, or of any room
+    from below them."""
+    return sorted((module, dep) for module, deps in graph.items()
+                  if (rank := _room(module)) is not None for dep in deps
+                  if (other := _room(dep)) is not None and other > rank)
+
+
+def test_the_data_is_in_rooms_each_saying_what_enters_and_what_leaves():
+    assert {p.name for p in DATA.iterdir() if (p / "__init__.py").is_file()} == set(ROOMS)
+    assert {p.name for p in DATA.glob("*.py")} == {"__init__.py", "manifest.py"}, (
+        "a data module belongs in a room: sources, snapshot or input (training/data/__init__)")
+    for room in ROOMS:
+        doc = ast.get_docstring(ast.parse((DATA / room / "__init__.py").read_text())) or ""
+        for word in ("Enters:", "Leaves:"):
+            said = doc.partition(word)[2].split("\n\n")[0]
+            assert len(said.split()) >= 8, f"training/data/{room}/__init__.py: say {word}"
+    for path in DATA.rglob("*.py"):
+        doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+        assert doc.strip(), f"{path.relative_to(ROOT)}: its first line says why it exists"
+
+
+def test_the_data_rooms_import_only_downward():
+    assert _upward(_graph()) == []
+
+
+def test_the_downward_check_finds_an_upward_import():
+    graph = {"training.data.sources.a": {"training.data.input.b", "training.data.manifest"},
+             "training.data.input.b": {"training.data.snapshot.c", "training.errors"},
+             "training.data.manifest": {"training.data.snapshot.c"},
+             "training.steps.train": {"training.data.input.b"}}
+    assert _upward(graph) == [("training.data.manifest", "training.data.snapshot.c"),
+                              ("training.data.sources.a", "training.data.input.b")]
+
+
+# Which kind of reader a module holds is asked in one place (``choose.py``, as Keras's
+# ``get_data_adapter``): an attribute only some readers have, or a reader's class.
+KIND_DECIDER = "training.data.input.choose"
+READER_ATTRIBUTES = {"as_dataset", "num_examples", "undecoded", "decode", "arrays",
+                     "encoded", "iter_encoded", "dataset_info", "label_names",
+                     "image_shape", "device_split", "data_dir", "images", "tf_records"}
+READER_CLASSES = {"StagedArrays", "StagedInfo", "SnapshotReader", "TfReader",
+                  "SnapshotTfReader", "NumpyReader", "DecodedSplit", "DeviceSplit",
+                  "IndexBatches", "SplitBatches", "DatasetBuilder"}
+
+
+def _kind_checks(source: str) -> list[str]:
+    """The places in ``source`` that ask which kind of reader a value is."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)):
+            continue
+        name, args = node.func.id, node.args
+        if name in ("hasattr", "getattr") and len(args) >= 2 and (
+                name == "hasattr" or len(args) == 3) and isinstance(args[1], ast.Constant) \
+                and args[1].value in READER_ATTRIBUTES:
+            found.append(f"line {node.lineno}: {name}(..., {args[1].value!r})")
+        elif name == "isinstance" and len(args) == 2 and {
+                n.attr if isinstance(n, ast.Attribute) else getattr(n, "id", None)
+                for n in ast.walk(args[1])} & READER_CLASSES:
+            found.append(f"line {node.lineno}: isinstance(..., {ast.unparse(args[1])})")
+    return found
+
+
+def test_only_the_input_decision_asks_which_kind_of_reader_it_holds():
+    asking = {module: found for module, path in _modules().items()
+              if module != KIND_DECIDER and (found := _kind_checks(path.read_text()))}
+    assert asking == {}, ("ask the reader (training.data.input.choose.Reader), or decide "
+                          "the kind in choose.reader_for")
+    assert _kind_checks(_modules()[KIND_DECIDER].read_text())  # the decision is there
+
+
+def test_the_kind_check_sees_each_way_of_asking():
+    for source in ("hasattr(builder, 'as_dataset')", "getattr(ds, 'device_split', None)",
+                   "isinstance(builder, StagedArrays)",
+                   "isinstance(b, (int, staged_arrays.StagedArrays))"):
+        assert _kind_checks(source), source
+    for source in ("getattr(args, 'images')", "hasattr(args, 'epochs')",
+                   "isinstance(value, dict)"):
+        assert not _kind_checks(source), source

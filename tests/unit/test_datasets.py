@@ -8,9 +8,11 @@ import numpy as np
 import pytest
 
 from training.config import DatasetConfig
-from training.data import manifest, staging
-from training.data.catalog import dataset_info, get_builder
-from training.data.input import load_builder, make_dataset, split_names
+from training.data import manifest
+from training.data.input.choose import load_builder, make_dataset
+from training.data.snapshot import staging
+from training.data.snapshot.splits import split_names
+from training.data.sources.catalog import dataset_info, get_builder
 from training.errors import ConfigError, DatasetError
 from training.layout import STAGING_MANIFEST
 
@@ -21,7 +23,7 @@ def _labels(builder, split):
 
 
 def test_digits_has_fixed_seeded_disjoint_splits(staged_digits):
-    from training.data.digits import split_indices
+    from training.data.sources.digits import split_indices
 
     builder = load_builder(staged_digits)
     sizes = {name: split.num_examples for name, split in builder.info.splits.items()}
@@ -38,7 +40,7 @@ def test_digits_has_fixed_seeded_disjoint_splits(staged_digits):
 def test_staging_twice_is_a_cache_hit_that_prepares_nothing(staged_digits, caplog):
     root = Path(staged_digits.path)
     before = {p: p.stat().st_mtime_ns for p in root.rglob("*")}
-    with caplog.at_level(logging.INFO, logger="training.data.staging"):
+    with caplog.at_level(logging.INFO, logger="training.data.snapshot.staging"):
         again = staging.stage(DatasetConfig(staging_dir=staged_digits.staging_dir))
     assert again == staged_digits
     assert "cache hit" in caplog.text

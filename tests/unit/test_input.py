@@ -8,14 +8,9 @@ import numpy as np
 import pytest
 
 from training.config import DatasetConfig
-from training.data import staging
-from training.data.input import (
-    available_memory,
-    cache_plan,
-    decoded_bytes,
-    load_builder,
-    make_dataset,
-)
+from training.data.input.choose import decoded_bytes, load_builder, make_dataset
+from training.data.input.memory import available_memory, cache_plan
+from training.data.snapshot import staging
 from training.errors import ConfigError
 
 

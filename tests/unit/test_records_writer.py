@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import struct
 
-from training.data.records import field, frame, iter_records, parse_example, varint
+from training.data.input.records import field, frame, iter_records, parse_example, varint
 
 
 def test_a_frame_is_what_tensorflow_writes_and_reads_back(tmp_path):

@@ -115,7 +115,7 @@ def test_report_has_both_plots_every_record_and_marks_lr_drops_and_restored_epoc
 
 
 def test_the_holdout_scores_and_the_data_checks_are_reported(tmp_path):
-    from training.data.validation import ValidationRules, validate
+    from training.data.snapshot.validation import ValidationRules, validate
 
     write_records(tmp_path)
     evaluation = json.loads((tmp_path / "evaluation.json").read_text())

@@ -1,4 +1,4 @@
-"""A staged dataset read without TensorFlow (``training.data.records``, ``read_order``,
+"""A staged dataset read without TensorFlow (``training.data.input.records``, ``read_order``,
 ``staged_arrays``): the very examples, labels and order of the tf.data reader
 (``input.load_builder`` + ``undecoded``) for the staged digits, a tfds builder of many
 shards and a team's snapshot, and no ``tensorflow`` import on the way."""
@@ -22,11 +22,13 @@ import tensorflow_datasets as tfds
 from PIL import Image
 
 from training.config import RunConfig
-from training.data import read_order, staging
-from training.data.input import split_names, undecoded
-from training.data.records import iter_records, parse_example
-from training.data.snapshot_reader import SnapshotReader, is_snapshot
-from training.data.staged_arrays import StagedArrays, decode_images
+from training.data.input import read_order
+from training.data.input.choose import undecoded
+from training.data.input.records import iter_records, parse_example
+from training.data.input.staged_arrays import StagedArrays, decode_images
+from training.data.snapshot import staging
+from training.data.snapshot.snapshot_reader import SnapshotReader, is_snapshot
+from training.data.snapshot.splits import split_names
 from training.errors import DatasetError
 from training.registry import open_store
 
@@ -184,9 +186,9 @@ def test_the_info_is_the_tfds_builders(staged_digits, many_shards, snapshot):
 def test_reading_uses_no_tensorflow(staged_digits, snapshot):
     code = (
         "import sys\n"
-        "from training.data.input import split_names\n"
-        "from training.data.staged_arrays import StagedArrays\n"
-        "from training.data.staging import StagedDataset\n"
+        "from training.data.snapshot.splits import split_names\n"
+        "from training.data.input.staged_arrays import StagedArrays\n"
+        "from training.data.snapshot.staging import StagedDataset\n"
         "for path in sys.argv[1:]:\n"
         "    arrays = StagedArrays(StagedDataset(name='x', version='1', path=path,\n"
         "                                        staging_dir='', fingerprint=''))\n"

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from training.config import DatasetConfig
-from training.data import staging
-from training.data.catalog import DEFAULT_VERSION_RECORD, OFFLINE_VERSIONS, default_version
+from training.data.snapshot import staging
+from training.data.sources.catalog import DEFAULT_VERSION_RECORD, OFFLINE_VERSIONS, default_version
 from training.errors import DatasetError
 from training.layout import STAGING_MANIFEST
 
@@ -29,7 +29,7 @@ def copied(staged_digits, tmp_path) -> Path:
 
 def test_a_cache_hit_is_found_in_a_process_that_never_loads_tensorflow(staged_digits):
     code = ("import json, sys\nfrom training.config import DatasetConfig\n"
-            "from training.data import staging\n"
+            "from training.data.snapshot import staging\n"
             f"hit = staging.cached(DatasetConfig(staging_dir={staged_digits.staging_dir!r}))\n"
             "print(json.dumps(hit.to_dict()))\n"
             "print(sorted(m for m in ('tensorflow', 'tensorflow_datasets', 'keras')"

@@ -1,4 +1,4 @@
-"""Validation of staged data (training/data/statistics.py, validation.py) on small real
+"""Validation of staged data (training/data/snapshot/statistics.py, validation.py) on small real
 tfds datasets, prepared in a temporary directory: every rule passing and failing."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-from training.data.input import split_names
-from training.data.statistics import dataset_statistics
-from training.data.validation import ValidationRules, require_valid, validate
+from training.data.snapshot.splits import split_names
+from training.data.snapshot.statistics import dataset_statistics
+from training.data.snapshot.validation import ValidationRules, require_valid, validate
 from training.errors import ConfigError, DatasetError, ValidationError
 
 NAMES = ["cat", "dog", "bird"]

@@ -1,6 +1,6 @@
 """File manifests: every file under a directory with its size and SHA-256.
 
-One format, two users: a staged dataset's ``staging-manifest.json`` (``staging.py``)
+One format, two users: a staged dataset's ``staging-manifest.json`` (``snapshot/staging.py``)
 and a published model version's ``manifest.json`` (``training/registry/versions.py``)
 both list entries ``{"path": "a/b.bin", "size": 123, "sha256": "<hex>"}``, ``path``
 relative to the directory and ``/``-separated, sorted by path. This module lists the

@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from training.config import RunConfig
-from training.data.staging import StagedDataset
+from training.data.snapshot.staging import StagedDataset
 from training.errors import LaunchError
 from training.launch import processes
 from training.launch.command import TrainingCommand

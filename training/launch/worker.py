@@ -33,7 +33,7 @@ from training.errors import ConfigError
 from training.train import cluster
 
 if TYPE_CHECKING:
-    from training.data.staging import StagedDataset
+    from training.data.snapshot.staging import StagedDataset
     from training.train.fit import TrainResult
 
 DIGEST_MARK = "final weights digest sha256:"
@@ -77,7 +77,7 @@ def train_reporting(cfg: RunConfig, staged: StagedDataset,
 def work(config: str, staged: str, report_dir: str | None) -> int:
     """Train this worker's part; print the digest and the result for the launcher."""
     from training import backend
-    from training.data.staging import StagedDataset
+    from training.data.snapshot.staging import StagedDataset
 
     cfg = RunConfig.from_file(config)
     backend.use(cfg.runtime.backend)  # before anything imports Keras

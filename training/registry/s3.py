@@ -168,7 +168,7 @@ class S3Store(Store):
             read_timeout=opts.read_timeout_s,
             s3={"addressing_style": opts.addressing_style},
             # staging fetches a partition's objects this many at a time
-            # (training/data/partition_shards.py FETCH_CONCURRENCY)
+            # (training/data/snapshot/partition_shards.py FETCH_CONCURRENCY)
             max_pool_connections=32,
         )
         self._client = session.client("s3", endpoint_url=opts.endpoint_url, config=config)

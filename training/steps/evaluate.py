@@ -24,9 +24,9 @@ from typing import Any
 
 from training import layout, produced
 from training.config import RunConfig
-from training.data import staging
-from training.data.input import load_builder, make_dataset
-from training.data.staging import StagedDataset
+from training.data.input.choose import Reader, open_reader
+from training.data.snapshot import staging
+from training.data.snapshot.staging import StagedDataset
 from training.errors import RegistryError, shown
 from training.files import sha256_file
 from training.layout import model_dir
@@ -43,10 +43,10 @@ log = logging.getLogger(__name__)
 TEST_BATCH = 256
 
 
-def _test_split(builder: Any, cfg: RunConfig) -> Any:
-    return make_dataset(builder, "test", global_batch_size=TEST_BATCH, shuffle=False,
-                        seed=cfg.fit.seed, cache=cfg.dataset.input_cache,
-                        decoded=cfg.dataset.decoded_copy)
+def _test_split(reader: Reader, cfg: RunConfig) -> Any:
+    return reader.dataset("test", global_batch_size=TEST_BATCH, shuffle=False,
+                          seed=cfg.fit.seed, cache=cfg.dataset.input_cache,
+                          decoded=cfg.dataset.decoded_copy)
 
 
 def unplaced() -> None:
@@ -96,18 +96,14 @@ def evaluate(cfg: RunConfig, staged: StagedDataset, registry: ModelRegistry, *,
         return _evaluate(cfg, staged, registry, run_dir, data_stats, holdout_options)
 
 
-def _holdout(cfg: RunConfig, builder: Any, options: S3Options | None) -> Any:
+def _holdout(cfg: RunConfig, reader: Reader, options: S3Options | None) -> Any:
     """The pinned holdout as a dataset and its description; (None, None) without one."""
     if not cfg.promotion.holdout_uri:
         return None, None
-    from training.data.holdout import as_dataset, load_holdout
-    from training.data.statistics import label_names
+    from training.data.snapshot.holdout import as_dataset, load_holdout
 
-    info = builder.info
-    shape = (info.image_shape if hasattr(info, "image_shape")  # a JAX process's reader
-             else info.features[(info.supervised_keys or ("image",))[0]].shape)
-    holdout = load_holdout(cfg.promotion.holdout_uri, options, tuple(shape),
-                           label_names(builder))
+    holdout = load_holdout(cfg.promotion.holdout_uri, options, tuple(reader.image_shape()),
+                           reader.label_names())
     return as_dataset(holdout, TEST_BATCH), holdout.describe()
 
 
@@ -125,9 +121,9 @@ def _evaluate(cfg: RunConfig, staged: StagedDataset, registry: ModelRegistry,
         (out / layout.DATA_STATS).write_text(json.dumps(data_stats, indent=2) + "\n")
     staging.verify(staged)
     unplaced()
-    builder = load_builder(staged)
-    test = _test_split(builder, cfg)
-    holdout_data, holdout = _holdout(cfg, builder, holdout_options)
+    reader = open_reader(staged)
+    test = _test_split(reader, cfg)
+    holdout_data, holdout = _holdout(cfg, reader, holdout_options)
     model = _load(out / layout.MODEL_FILE)
     # What promotion checks (a safe load, finite outputs), done here on the file as it
     # is published: promote then needs no Keras (``check_runs_or_evaluated``).

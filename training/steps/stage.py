@@ -1,6 +1,6 @@
 """Step 1, stage: the run's dataset prepared once into the staging directory.
 
-``stage`` prepares it (``training.data.staging``: fetched, split, fingerprinted,
+``stage`` prepares it (``training.data.snapshot.staging``: fetched, split, fingerprinted,
 manifested), or takes the staged dataset a step before handed over and verifies it.
 Already done for this run? ``cached``: the staged copy of this very dataset, found
 without importing tensorflow-datasets (the Airflow task's 0.01 s check).
@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from training.config import RunConfig
-from training.data import decoded_copy, staging
-from training.data.staging import StagedDataset
+from training.data.input import decoded_copy
+from training.data.snapshot import staging
+from training.data.snapshot.staging import StagedDataset
 from training.errors import ConfigError, DatasetError
 
 log = logging.getLogger(__name__)
@@ -62,8 +63,8 @@ def stage(cfg: RunConfig, staged_file: str | None = None) -> StagedDataset:
 
 
 def _split_names(cfg: RunConfig, staged: StagedDataset) -> list[str]:
-    from training.data.input import split_names
-    from training.data.staged_arrays import StagedArrays
+    from training.data.input.staged_arrays import StagedArrays
+    from training.data.snapshot.splits import split_names
 
     return list(split_names(StagedArrays(staged), cfg.dataset.validation_fraction).values())
 

@@ -37,7 +37,7 @@ from typing import Any
 
 from training import layout, produced
 from training.config import RunConfig
-from training.data.staging import StagedDataset
+from training.data.snapshot.staging import StagedDataset
 from training.errors import ConfigError, LaunchError
 
 log = logging.getLogger(__name__)

@@ -21,7 +21,7 @@ from typing import Any
 
 from training import backend
 from training.config import RunConfig
-from training.data.staging import StagedDataset
+from training.data.snapshot.staging import StagedDataset
 from training.errors import ConfigError, WorkersFailed
 from training.train import cluster
 

@@ -3,7 +3,7 @@
 ``validate_data`` is the DAG's ``validate_data`` task (and the CLI's ``validate``),
 between staging and training. Already done for this run? It skips the run when
 production was trained on the same snapshot with the same recipe (the nightly "nothing
-new" rule); otherwise it checks the staged data (``training.data.validation``) against
+new" rule); otherwise it checks the staged data (``training.data.snapshot.validation``) against
 the run's rules and production's published statistics, failing the run with every
 reason before anything trains.
 """
@@ -17,9 +17,10 @@ from typing import Any
 
 from training import layout
 from training.config import RunConfig
-from training.data import staging
-from training.data.input import load_builder, split_names
-from training.data.staging import StagedDataset
+from training.data.snapshot import staging
+from training.data.snapshot.snapshot_reader import staged_builder
+from training.data.snapshot.splits import split_names
+from training.data.snapshot.staging import StagedDataset
 from training.errors import TrainingError
 from training.registry.versions import ModelRegistry
 
@@ -34,12 +35,12 @@ def validate_data(cfg: RunConfig, staged: StagedDataset,
     was trained on this very snapshot with this very recipe
     (``RunConfig.recipe_fingerprint``: the config but for where things go and which
     dates were asked for), unless ``validation.force_train``.
-    Otherwise computes the data's statistics, checks them (``training.data.validation``)
+    Otherwise computes the data's statistics, checks them (``training.data.snapshot.validation``)
     against the rules and production's published statistics, and returns them with the
     verdict (``data_stats``: ``evaluate`` writes it as ``data_stats.json``, published
     with the version); raises ``ValidationError`` with every reason when a check fails.
     """
-    from training.data import validation
+    from training.data.snapshot import validation
 
     name = cfg.model_name
     champion = registry.production(name)
@@ -57,7 +58,7 @@ def validate_data(cfg: RunConfig, staged: StagedDataset,
     stats = manifest.get("statistics", {}).get(
         staging.statistics_key(cfg.dataset.validation_fraction))
     if stats is None:  # staged before statistics were kept: computed here (TensorFlow)
-        builder = load_builder(staged)
+        builder = staged_builder(staged)
         stats = validation.dataset_statistics(
             builder, split_names(builder, cfg.dataset.validation_fraction))
     if "partition_statistics" in manifest:  # a team's own data: each day on its own too

@@ -38,10 +38,9 @@ from typing import Any
 from training import backend, layout, produced
 from training.config import FitConfig, RunConfig
 from training.config.sections import monitor_rises
-from training.data import staging
-from training.data.catalog import dataset_info
-from training.data.input import load_builder, make_dataset, split_names, split_size
-from training.data.staging import StagedDataset
+from training.data.input.choose import training_input
+from training.data.snapshot import staging
+from training.data.snapshot.staging import StagedDataset
 from training.errors import ConfigError
 from training.layout import TRAINED, model_dir
 from training.locks import claim_run
@@ -267,17 +266,11 @@ def _train(cfg: RunConfig, staged: StagedDataset, resolved: Any,
     out.mkdir(parents=True, exist_ok=True)
     cfg.write(out)
 
-    builder = load_builder(staged)
-    info = dataset_info(builder)
-    data, batch = cfg.dataset, resolved.global_batch_size
-    splits = split_names(builder, data.validation_fraction)
-    train_ds = make_dataset(builder, splits["train"], global_batch_size=batch, shuffle=True,
-                            seed=cfg.fit.seed, shuffle_buffer=data.shuffle_buffer,
-                            cache=data.input_cache, augment=data.augment,
-                            on_device=resolved.backend == "jax", decoded=data.decoded_copy)
-    val_ds = make_dataset(builder, splits["validation"], global_batch_size=batch,
-                          shuffle=False, seed=cfg.fit.seed, cache=data.input_cache,
-                          decoded=data.decoded_copy)
+    batch = resolved.global_batch_size
+    # The input, asked once: the splits as fit takes them (training.data.input.choose).
+    inputs = training_input(staged, cfg.dataset, global_batch_size=batch,
+                            seed=cfg.fit.seed, on_device=resolved.backend == "jax")
+    info = inputs.model_info
 
     with resolved.scope():
         model = models.build(cfg.model.name, info["input_shape"], info["num_classes"],
@@ -298,8 +291,8 @@ def _train(cfg: RunConfig, staged: StagedDataset, resolved: Any,
         from training.train.jax_distribution import check_layout
 
         check_layout(cfg, resolved, model)
-        if getattr(train_ds, "device_split", None) is not None:  # the split is there
-            loop = fused_steps.install(model, train_ds.device_split)
+        if inputs.device_split is not None:  # the split is there
+            loop = fused_steps.install(model, inputs.device_split)
     # model.warm_start: production's weights as the start (training.train.warm_start).
     warm = warm_start.start(cfg, model, resolved, final_dir)
     (out / layout.RUN).write_text(json.dumps({
@@ -307,8 +300,8 @@ def _train(cfg: RunConfig, staged: StagedDataset, resolved: Any,
         "started_at": _started_at(out / layout.RUN),
         "dataset": staged.to_dict(),
         "strategy": resolved.to_dict(),
-        "input": {"train": "device" if getattr(train_ds, "device_split", None) is not None
-                  else "host", "decoded_copy": data.decoded_copy, "loop": loop},
+        "input": {"train": "device" if inputs.device_split is not None else "host",
+                  "decoded_copy": cfg.dataset.decoded_copy, "loop": loop},
         "precision": {"policy": policy, "why": why},
         "software": software_versions(),
         "pretrained_weights": weights,
@@ -320,7 +313,7 @@ def _train(cfg: RunConfig, staged: StagedDataset, resolved: Any,
     restore_from = chiefs if resolved.backend == "jax" and not resolved.is_chief else None
     from training.train.callbacks.throughput import Throughput, summary
 
-    throughput = Throughput(split_size(builder, splits["train"]), batch)  # first: its logs
+    throughput = Throughput(inputs.train_examples, batch)  # first: its logs
     callbacks = [throughput, *make_callbacks(cfg.fit, run_dir, tuning, restore_from),
                  *extra_callbacks]
     backup = next(c for c in callbacks if isinstance(c, ResumableBackup))
@@ -329,7 +322,7 @@ def _train(cfg: RunConfig, staged: StagedDataset, resolved: Any,
     # SIGTERM: a backup at the end of the current batch, then exit 143; not under several
     # workers, where one worker cannot save for all (training.train.preemption).
     with stop_on_sigterm(backup, enabled=not resolved.several_processes):
-        model.fit(train_ds, validation_data=val_ds, epochs=cfg.fit.epochs,
+        model.fit(inputs.train, validation_data=inputs.validation, epochs=cfg.fit.epochs,
                   callbacks=callbacks, verbose=2,
                   shuffle=False)  # the tf.data pipeline shuffles, seeded
 

@@ -4,7 +4,7 @@ Keras's JAX ``fit`` runs ``steps_per_execution`` steps as a Python loop around t
 jitted step, each batch copied from the host: at the seed's batch of 64 the card mostly
 waits (0.29x of what it does with the data on it, for the CIFAR CNN; docs/benchmarks.md).
 ``install`` replaces the model's train function, for a training split that
-``training.data.device_split`` put on the device, with a group function over a group of
+``training.data.input.device_split`` put on the device, with a group function over a group of
 batches: each step gathers its batch from the device's images by the indices
 ``IndexBatches`` yields and runs Keras's own stateless ``train_step``. Everything around
 it is Keras's ``fit`` as before: the callbacks see every group's end and every epoch (a
@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from training.data.device_split import DeviceSplit
+from training.data.input.device_split import DeviceSplit
 
 log = logging.getLogger(__name__)
 

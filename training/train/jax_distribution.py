@@ -149,7 +149,7 @@ def _distribution(cfg: RunConfig, kind: str, devices: list[str], data: int,
         return None  # JAX's default device: no mesh to place anything on
     names = np.array([_keras_name(d) for d in devices])
     if model == 1:
-        # Each process reads its own slice of every batch (array_input.SplitBatches):
+        # Each process reads its own slice of every batch (numpy_reader.SplitBatches):
         # Keras's auto-sharding is for tf.data.
         return distribution.DataParallel(devices=list(names), auto_shard_dataset=False)
     mesh = distribution.DeviceMesh(shape=(data, model), axis_names=(DATA_AXIS, MODEL_AXIS),

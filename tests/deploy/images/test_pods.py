@@ -57,7 +57,7 @@ class Shared:
 
 def _shared(tmp_path: Path, image: str, run_id: str, **settings) -> Shared:
     """digits staged on the host into the directory the pods mount as the shared claim."""
-    from training.data import staging
+    from training.data.snapshot import staging
 
     root = tmp_path / "shared"
     staged = staging.stage(DatasetConfig(staging_dir=os.fspath(root / "datasets")))
@@ -180,7 +180,7 @@ def test_two_pods_train_on_jax_and_the_chiefs_model_is_published(tmp_path, image
     (pod 0's Service name, from the same TF_CONFIG, is the coordinator), train the same
     weights, and the chief's model, with the SavedModel its TensorFlow child made, is
     published to a store as any version is."""
-    from training.data import staging
+    from training.data.snapshot import staging
     from training.registry.versions import open_registry
     from training.steps import evaluate, publish
 

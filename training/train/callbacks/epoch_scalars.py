@@ -26,7 +26,7 @@ from typing import Any
 
 import keras
 
-from training.data.records import field, frame, varint
+from training.data.input.records import field, frame, varint
 
 
 def event(wall_time: float, step: int, *, file_version: str | None = None,

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow_datasets as tfds
 
-from training.data.catalog import OFFLINE_VERSIONS
+from training.data.sources.catalog import OFFLINE_VERSIONS
 
 SPLIT_SEED = 20240607  # fixed forever: changing it changes the dataset's content
 SPLIT_FRACTIONS = {"train": 0.7, "validation": 0.1, "test": 0.2}

@@ -16,10 +16,11 @@ partition without its marker is still being landed and is left out (logged).
 **The snapshot**: its id is the SHA-256 of the selected partitions' object keys and
 ``_SUCCESS`` markers, the image shape and the split rule, so the same night staged again
 is the same snapshot (a cache hit) and a new partition makes a new one. Each partition
-is decoded once into shards of its own (``partition_shards.py``), and the snapshot under
-``<staging_dir>/<name>/<snapshot id>/1.0.0/`` is the list of its partitions' shards
-(``own_snapshot.py``): it goes through the same staging, manifest and verification as
-``digits`` or mnist, and ``snapshot_reader.py`` reads it back.
+is decoded once into shards of its own (``snapshot/partition_shards.py``), and the
+snapshot under ``<staging_dir>/<name>/<snapshot id>/1.0.0/`` is the list of its
+partitions' shards (``snapshot/own_snapshot.py``): it goes through the same staging,
+manifest and verification as ``digits`` or mnist, and ``snapshot/snapshot_reader.py``
+reads it back.
 
 **Each image** is decoded with Pillow, converted to the channels asked for (L, RGB,
 RGBA), resized to ``image_shape`` and put in a split by the SHA-256 of its bytes: the
@@ -43,7 +44,7 @@ from datetime import date, timedelta
 from typing import Any
 
 from training.config import DatasetConfig
-from training.data.landing import SUCCESS
+from training.data.sources.landing import SUCCESS
 from training.errors import DatasetError, StorageError, shown
 
 log = logging.getLogger(__name__)

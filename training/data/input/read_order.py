@@ -1,17 +1,18 @@
 """The order in which the tf.data reader yields a staged split, reproduced in Python.
 
 ``staged_arrays.py`` reads a staged dataset without TensorFlow and must give the
-examples in the very order ``input.undecoded`` gives them (``shuffle_files=False``),
-so that a seed means one order on either backend. That order comes from three rules,
-each reproduced here and tested against tf.data (``tests/unit/test_staged_arrays.py``):
+examples in the very order ``tf_reader``'s ``undecoded`` gives them
+(``shuffle_files=False``), so that a seed means one order on either backend. That order
+comes from three rules, each reproduced here and tested against tf.data
+(``tests/unit/test_staged_arrays.py``):
 
 * **A split expression** (``parse_split``): ``train``, or a whole-percent slice as
-  ``input.split_names`` writes it (``train[:90%]``, ``train[90%:]``, also
+  ``snapshot/splits.split_names`` writes it (``train[:90%]``, ``train[90%:]``, also
   ``train[10%:20%]``), a bound being ``round(count * percent / 100)`` (Python's
   rounding, as tfds's ``_pct_to_abs_closest`` and ``SnapshotReader`` have it).
 * **A tfds dataset** (``tfds_shard_reads`` + ``interleave``): the slice becomes a
   ``(shard, skip, take)`` per shard it touches (tfds's ``get_file_instructions``), and
-  those shards are interleaved as tfds's reader does with input.py's ``ReadConfig``:
+  those shards are interleaved as tfds's reader does with tf_reader.py's ``ReadConfig``:
   ``cycle_length`` 16 (1 for a dataset that disables shuffling, whose order is the
   files' order), ``block_length`` 16, deterministic. The slice is taken *before* the
   interleave, per file.
@@ -36,7 +37,7 @@ from training.errors import DatasetError
 
 T = TypeVar("T")
 
-# tfds's defaults, as input.undecoded's ReadConfig leaves them (ReadConfig's
+# tfds's defaults, as tf_reader's undecoded ReadConfig leaves them (ReadConfig's
 # interleave_block_length; reader._get_default_interleave_cycle_length). A test checks
 # them against the installed tensorflow-datasets.
 TFDS_CYCLE_LENGTH = 16

@@ -1,11 +1,38 @@
-"""How much memory this process may still use: what decides whether a decoded split is
-kept in memory (``input.cache_plan``) or, on a CPU device, on the device
-(``device_split``).
+"""How much memory this process may still use, and the rule that keeps a decoded split
+in it: ``cache_plan`` (``dataset.input_cache``), the same for both readers
+(``tf_reader.py``, ``numpy_reader.py``); on a CPU device, ``device_split`` measures the
+device's memory here too.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+
+CACHE_SHARE = 4  # auto caches a split whose decoded size fits in 1/CACHE_SHARE of memory
+LABEL_BYTES = 8  # an int64 class label beside each image
+
+
+def cache_plan(mode: str, size: int | None, available: int | None,
+               again: str = "decoded again every epoch") -> tuple[bool, str]:
+    """Whether to cache the decoded split in memory, and why (logged); ``again``: what
+    happens every epoch when it is not (with a decoded copy: read from it)."""
+    if mode == "memory":
+        return True, "dataset.input_cache is 'memory'"
+    if mode == "none":
+        return False, f"dataset.input_cache is 'none': {again}"
+    if size is None:
+        return True, "dataset.input_cache 'auto': the dataset's info gives no size, cached"
+    if available is None:
+        return True, f"dataset.input_cache 'auto': {_mb(size)} decoded, memory unknown"
+    budget = available // CACHE_SHARE
+    fits = size <= budget
+    return fits, (f"dataset.input_cache 'auto': {_mb(size)} decoded "
+                  f"{'fits in' if fits else 'exceeds'} {_mb(budget)}, a quarter of the "
+                  f"{_mb(available)} available" + ("" if fits else f": {again}"))
+
+
+def _mb(size: int) -> str:
+    return f"{size / 2**20:,.1f} MB"
 
 
 def available_memory(root: Path = Path("/")) -> int | None:

@@ -1,7 +1,7 @@
 """The pinned holdout: a fixed set of labelled images both models are scored on, every night.
 
-The test split grows with the data (``images.py`` puts each new image in a split by its
-hash), so two nights' test accuracies are not measured on the same images. A holdout
+The test split grows with the data (``sources/images.py`` puts each new image in a split
+by its hash), so two nights' test accuracies are not measured on the same images. A holdout
 named by ``promotion.holdout_uri`` is: a directory or ``s3://bucket/prefix`` holding
 ``<label>/<image file>`` (no partitions), read through the registry's stores like the
 team's data, decoded and resized with ``images.decode`` to the model's input shape.
@@ -19,7 +19,7 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any
 
-from training.data.images import decode
+from training.data.sources.images import decode
 from training.errors import DatasetError, StorageError, shown
 
 

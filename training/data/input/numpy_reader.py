@@ -1,18 +1,19 @@
-"""The input pipeline of a JAX training process: a split as batches of NumPy arrays.
+"""The NumPy reader: a staged split as batches of NumPy arrays, in a JAX process.
 
-``input.make_dataset`` builds this one when the process runs Keras on JAX (tf.data needs
-TensorFlow, which a JAX process never imports). The split is read by
-``staged_arrays.StagedArrays`` (the same examples, in the same order, as the tf.data
-reader), and served as a ``keras.utils.PyDataset``:
+``choose.py`` gives this reader a JAX process's ``staged_arrays.StagedArrays`` (tf.data
+needs TensorFlow, which a JAX process never imports): the same examples, in the same
+order, as the tf.data reader. ``NumpyReader.dataset`` serves a split on the device
+when it fits there (the training split, ``device_split.kept``: its indices) and
+otherwise from the host, as ``SplitBatches``, a ``keras.utils.PyDataset``:
 
 * **why a PyDataset**: it ships with Keras and runs on every backend; Keras's JAX
   trainer takes its batches, prefetches them in threads (``workers``) and lays each
   batch out over the distribution's devices. NumPy arrays handed to ``fit`` would be
   shuffled by Keras with its own generator and could not decode lazily; grain is one
   more dependency (with native parts) for what a dozen lines do here.
-* **cached** (``dataset.input_cache``, the same rule as tf.data's: the decoded split fits
-  in a quarter of the memory available): decoded once, in parallel threads, then each
-  batch is a slice of a per-epoch permutation.
+* **cached** (``dataset.input_cache``, the same rule as tf.data's, ``memory.cache_plan``:
+  the decoded split fits in a quarter of the memory available): decoded once, in
+  parallel threads, then each batch is a slice of a per-epoch permutation.
 * **not cached**: the encoded records stay in memory (a few kB an image) and each batch
   is decoded when it is asked for, ahead of the step, in a thread per CPU (Pillow
   releases the GIL while it decodes), with at most two batches a CPU, and 1 GiB, queued.
@@ -29,7 +30,8 @@ reader), and served as a ``keras.utils.PyDataset``:
   permutation and takes its own contiguous slice of each global batch, which Keras joins
   into one global array (``jax.make_array_from_process_local_data``). A global batch is
   cut to a multiple of the data-parallel devices (at most ``devices - 1`` examples of an
-  epoch's last batch are left out, logged once), since each device takes an equal part.
+  epoch's last batch are left out, logged once), since each device takes an equal part
+  (``device_split.batch_bounds``).
 """
 
 from __future__ import annotations
@@ -40,7 +42,17 @@ from typing import Any
 import keras
 import numpy as np
 
-from training.data.staged_arrays import cpus
+from training.data.input.device_split import (
+    batch_bounds,
+    batch_count,
+    data_devices,
+    device_memory,
+    kept,
+    plan,
+    processes,
+)
+from training.data.input.memory import LABEL_BYTES, available_memory, cache_plan
+from training.data.input.staged_arrays import StagedArrays, cpus
 from training.errors import DatasetError
 
 log = logging.getLogger(__name__)
@@ -49,41 +61,72 @@ QUEUE_BYTES = 1 << 30  # the most the batches decoded ahead of the step may hold
 # that two are always queued (double buffering): batches over 512 MiB queue 2 anyway
 
 
-def data_devices() -> int:
-    """The devices a global batch is split over: the active distribution's data axis."""
-    distribution = keras.distribution.distribution()
-    if distribution is None:
-        return 1
-    mesh = distribution.device_mesh
-    return int(mesh.shape[mesh.axis_names.index(distribution.batch_dim_name)])
+class NumpyReader:
+    """A ``StagedArrays``'s splits as ``PyDataset`` batches (``choose.Reader``)."""
 
+    def __init__(self, arrays: StagedArrays) -> None:
+        self.builder, self.name = arrays, arrays.name
 
-def batch_count(examples: int, global_batch_size: int, devices: int) -> int:
-    """Batches in an epoch of ``examples``: a last batch smaller than the devices (which
-    cannot take an equal part each) is left out."""
-    batches = -(-examples // global_batch_size)
-    last = examples - (batches - 1) * global_batch_size
-    return batches - (1 if last < devices else 0)
+    def size(self, split: str) -> int:
+        return self.builder.num_examples(split)
 
+    def decoded_bytes(self, split: str) -> int:
+        """The split's size once decoded (examples x image bytes + labels)."""
+        shape = self.builder.info.image_shape
+        return self.builder.num_examples(split) * (int(np.prod(shape)) + LABEL_BYTES)
 
-def batch_bounds(index: int, examples: int, global_batch_size: int,
-                 devices: int) -> tuple[int, int]:
-    """Where batch ``index`` starts and ends in the epoch's order, cut to a multiple of
-    the devices (equal parts per device)."""
-    start = index * global_batch_size
-    end = min(start + global_batch_size, examples)
-    return start, end - (end - start) % devices
+    def model_info(self) -> dict[str, Any]:
+        return self.builder.info.dataset_info()
 
+    def image_shape(self) -> tuple[int, ...]:
+        return tuple(self.builder.info.image_shape)
 
-def processes() -> tuple[int, int]:
-    """(this process's index, the number of processes) of a JAX run."""
-    import jax
+    def label_names(self) -> list[str]:
+        info = self.builder.info
+        return list(info.label_names or [str(i) for i in range(info.num_classes)])
 
-    return jax.process_index(), jax.process_count()
+    def kept_on_device(self, dataset: Any) -> Any:
+        """The split's ``device_split.DeviceSplit`` when it is there, else None."""
+        return dataset.device_split
+
+    def dataset(self, split: str, *, global_batch_size: int, shuffle: bool, seed: int,
+                shuffle_buffer: int = 10_000, cache: str = "auto", augment: str = "none",
+                on_device: bool = False, decoded: bool = False) -> Any:
+        """One split's batches: with ``on_device`` (the training split) on the device
+        when it fits there (``device_split.plan``), else ``SplitBatches`` of the module
+        doc's stages (``shuffle_buffer`` is tf.data's: a permutation needs none).
+        ``decoded`` (``dataset.decoded_copy``): the pixels are read from the split's
+        decoded copy (``decoded_copy.py``), not decoded from the shards."""
+        copy = None
+        if decoded:
+            from training.data.input import decoded_copy
+
+            copy = decoded_copy.required(self.builder.path, split, self.name)
+        again = ("read from its decoded copy every epoch" if copy
+                 else "decoded again every epoch")
+        if on_device:
+            memory, what = device_memory()
+            there, why = plan(self.decoded_bytes(split), cache=cache, augment=augment,
+                              processes=processes()[1], memory=memory, what=what)
+            log.info("input %s: %s (%s)", split, "kept on the device" if there else
+                     "fed from the host", why)
+            if there:
+                images, labels = ((copy.images(), copy.labels) if copy
+                                  else self.builder.arrays(split))
+                return kept(images, labels, global_batch_size=global_batch_size,
+                            shuffle=shuffle, seed=seed)
+        keep, why = cache_plan(cache, self.decoded_bytes(split), available_memory(), again)
+        log.info("input %s: %s (%s)", split, "cached in memory" if keep else "not cached",
+                 why)
+        return SplitBatches(self.builder, split, global_batch_size=global_batch_size,
+                            shuffle=shuffle, seed=seed, keep_decoded=keep, decoded=copy,
+                            augment=tuple(augment.split("_")) if augment != "none" else ())
 
 
 class SplitBatches(keras.utils.PyDataset):
     """One split as ``(uint8 images, int32 labels)`` batches (see the module doc)."""
+
+    device_split = None  # fed from the host (``device_split.IndexBatches`` has one)
 
     def __init__(self, reader: Any, split: str, *, global_batch_size: int, shuffle: bool,
                  seed: int, keep_decoded: bool, augment: tuple[str, ...] = (),

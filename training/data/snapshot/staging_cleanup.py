@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from training import layout
-from training.data.own_snapshot import PARTITIONS, partitions_lock
+from training.data.snapshot.own_snapshot import PARTITIONS, partitions_lock
 from training.errors import BusyError, ConfigError
 
 log = logging.getLogger(__name__)

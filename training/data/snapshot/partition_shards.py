@@ -39,9 +39,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from training.data.images import MODES, Snapshot, decode, split_of
 from training.data.manifest import dumps, list_files
-from training.data.statistics import content_hash
+from training.data.snapshot.statistics import content_hash
+from training.data.sources.images import MODES, Snapshot, decode, split_of
 from training.errors import DatasetError, shown
 
 log = logging.getLogger(__name__)

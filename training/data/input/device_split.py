@@ -7,7 +7,7 @@ the same kind of rule as ``dataset.input_cache`` for the host's: the log says wh
 it went and why), it is copied to the device once, and each epoch is an order of its
 indices:
 
-* ``plan`` decides; the split stays on the host (``array_input.SplitBatches``) when
+* ``plan`` decides; the split stays on the host (``numpy_reader.SplitBatches``) when
   it does not fit, when ``dataset.input_cache`` is ``none``, when it is augmented (the
   augmentations run on the host), or when several processes feed one mesh;
 * ``DeviceSplit`` holds the images and labels on the devices of the distribution
@@ -19,7 +19,11 @@ indices:
   ``steps_per_execution`` of them into one compiled group that gathers each batch on the
   device.
 
-A global batch is cut to a multiple of the data-parallel devices, as on the host path.
+``kept`` is what the NumPy reader calls when the split stays here: the split on the
+devices, as its ``IndexBatches``. A global batch is cut to a multiple of the
+data-parallel devices, on the host path too: how a batch divides over the devices
+(``data_devices``, ``batch_count``, ``batch_bounds``, ``processes``) is here, and the
+host's ``SplitBatches`` takes it from here.
 """
 
 from __future__ import annotations
@@ -30,11 +34,42 @@ from typing import Any
 import keras
 import numpy as np
 
-from training.data.array_input import batch_bounds, batch_count, data_devices
-
 log = logging.getLogger(__name__)
 
 DEVICE_SHARE = 4  # the split stays on the device when it fits in 1/DEVICE_SHARE of it
+
+
+def data_devices() -> int:
+    """The devices a global batch is split over: the active distribution's data axis."""
+    distribution = keras.distribution.distribution()
+    if distribution is None:
+        return 1
+    mesh = distribution.device_mesh
+    return int(mesh.shape[mesh.axis_names.index(distribution.batch_dim_name)])
+
+
+def batch_count(examples: int, global_batch_size: int, devices: int) -> int:
+    """Batches in an epoch of ``examples``: a last batch smaller than the devices (which
+    cannot take an equal part each) is left out."""
+    batches = -(-examples // global_batch_size)
+    last = examples - (batches - 1) * global_batch_size
+    return batches - (1 if last < devices else 0)
+
+
+def batch_bounds(index: int, examples: int, global_batch_size: int,
+                 devices: int) -> tuple[int, int]:
+    """Where batch ``index`` starts and ends in the epoch's order, cut to a multiple of
+    the devices (equal parts per device)."""
+    start = index * global_batch_size
+    end = min(start + global_batch_size, examples)
+    return start, end - (end - start) % devices
+
+
+def processes() -> tuple[int, int]:
+    """(this process's index, the number of processes) of a JAX run."""
+    import jax
+
+    return jax.process_index(), jax.process_count()
 
 
 def device_memory() -> tuple[int | None, str]:
@@ -42,7 +77,7 @@ def device_memory() -> tuple[int | None, str]:
     memory (JAX's ``bytes_limit``), or for a CPU device the host's available memory."""
     import jax
 
-    from training.data.memory import available_memory
+    from training.data.input.memory import available_memory
 
     stats = jax.local_devices()[0].memory_stats() or {}
     if stats.get("bytes_limit"):
@@ -122,3 +157,10 @@ class IndexBatches(keras.utils.PyDataset):
         start, end = batch_bounds(index, self.device_split.count, self.global_batch_size,
                                   self.devices)
         return (self.order()[start:end],)
+
+
+def kept(images: np.ndarray, labels: np.ndarray, *, global_batch_size: int, shuffle: bool,
+         seed: int) -> IndexBatches:
+    """A decoded split put on the devices, as the batches ``fit`` iterates."""
+    return IndexBatches(DeviceSplit(images, labels), global_batch_size=global_batch_size,
+                        shuffle=shuffle, seed=seed)

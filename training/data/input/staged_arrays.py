@@ -3,15 +3,16 @@
 Why: Keras's JAX backend trains in a process that must never import ``tensorflow`` or
 ``tensorflow_datasets`` (their start-up, memory and device claims are not that
 process's), yet the staged datasets are tfds's TFRecord shards and a team's snapshot
-shards (``staging.py``, ``own_snapshot.py``). ``StagedArrays`` reads both with the
-standard library (``records.py``, ``staged_layouts.py``) and Pillow, and yields exactly
-the examples and labels that the tf.data reader (``input.load_builder`` +
-``undecoded``) yields, **in the same order** (``read_order.py``): a tfds split through
-tfds's interleave of its shards, a snapshot one record of each day's shard in turn, a
-percent slice as tfds and ``SnapshotReader`` take it.
+shards (``snapshot/staging.py``, ``snapshot/own_snapshot.py``). ``StagedArrays`` reads
+both with the standard library (``records.py``, ``staged_layouts.py``) and Pillow, and
+yields exactly the examples and labels that the tf.data reader
+(``snapshot_reader.staged_builder`` + ``tf_reader``'s ``undecoded``) yields, **in the
+same order** (``read_order.py``): a tfds split through tfds's interleave of its shards,
+a snapshot one record of each day's shard in turn, a percent slice as tfds and
+``SnapshotReader`` take it.
 
 * ``StagedArrays(staged)``: ``name``, ``info`` (image shape, classes, examples per
-  split: no tfds; ``input.split_names(arrays, fraction)`` works on it as on a tfds
+  split: no tfds; ``splits.split_names(arrays, fraction)`` works on it as on a tfds
   builder), ``num_examples(split)``;
 * ``encoded(split)`` / ``iter_encoded(split)``: the encoded images (PNG, or JPEG where
   tfds stored that) and int64 labels, for a pipeline that decodes per batch;
@@ -40,8 +41,8 @@ from typing import Any
 
 import numpy as np
 
-from training.data import read_order
-from training.data.staged_layouts import StagedInfo, open_layout
+from training.data.input import read_order
+from training.data.input.staged_layouts import StagedInfo, open_layout
 from training.errors import DatasetError, shown
 
 __all__ = ["StagedArrays", "StagedInfo", "decode_images"]

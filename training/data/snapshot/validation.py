@@ -46,8 +46,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from training.data.drift import distances, new_partitions, over
-from training.data.statistics import dataset_statistics
+from training.data.snapshot.drift import distances, new_partitions, over
+from training.data.snapshot.statistics import dataset_statistics
 from training.errors import ConfigError, DatasetError, ValidationError, shown
 
 __all__ = ["ValidationRules", "dataset_statistics", "require_valid", "validate"]

@@ -1,9 +1,9 @@
 """Staging: a dataset prepared once into a fingerprinted snapshot, verified before use.
 
-Staging prepares a dataset's tfds builder (``catalog.py``; a team's data:
+Staging prepares a dataset's tfds builder (``sources/catalog.py``; a team's data:
 ``own_snapshot.py``) once into ``<staging_dir>/<name>/<version>/`` and then writes
 ``staging-manifest.json`` (``layout.STAGING_MANIFEST``) last, listing every file with
-its size and SHA-256 (``manifest.py``) and a content fingerprint: the SHA-256 of every
+its size and SHA-256 (``data/manifest.py``) and a content fingerprint: the SHA-256 of every
 file that training reads (the shards, ``features.json``, label files; all but tfds's
 ``dataset_info.json`` bookkeeping). The staged dataset is keyed by name + version + fingerprint
 (``digits:1.0.0@3f2a...``); ``StagedDataset`` (here) is that key and where it lives.
@@ -19,7 +19,8 @@ file that training reads (the shards, ``features.json``, label files; all but tf
 * Preparing holds ``<staging_dir>/<name>/<version>.lock`` (``training.locks``); another
   process staging the same dataset waits for it, up to ``STAGING_WAIT_S``.
 
-Reading the staged data back is ``input.py``.
+Reading the staged data back: ``snapshot_reader.py`` (a builder), ``splits.py`` (the
+splits training reads); training reads it through ``training/data/input/``.
 
 Why one module of about 360 lines: the cache hit with and without tfds, the manifest,
 the fingerprint record and the lock are one transaction with one set of rules; split,
@@ -39,7 +40,7 @@ from typing import Any
 
 from training.config import DatasetConfig
 from training.data import manifest as files_manifest
-from training.data.catalog import (
+from training.data.sources.catalog import (
     OFFLINE_VERSIONS,
     default_version,
     downloads_fail_fast,
@@ -158,7 +159,7 @@ def cached(cfg: DatasetConfig, store_options: Any = None) -> StagedDataset | Non
             return None
         version_dir = Path(cfg.staging_dir) / cfg.name / version
     else:
-        from training.data import own_snapshot
+        from training.data.snapshot import own_snapshot
         from training.registry import is_s3, open_store
 
         store = open_store(cfg.uri, store_options if is_s3(cfg.uri) else None)
@@ -181,14 +182,14 @@ def cached(cfg: DatasetConfig, store_options: Any = None) -> StagedDataset | Non
 def stage(cfg: DatasetConfig, store_options: Any = None) -> StagedDataset:
     """Prepare the dataset once into the staging directory; a cache hit prepares nothing.
 
-    A team's own data (``cfg.source`` images or tfrecord, ``images.py``) is read from
+    A team's own data (``cfg.source`` images or tfrecord, ``sources/images.py``) is read from
     ``cfg.uri`` with ``store_options`` (S3 credentials; None: boto3's chain)."""
     from training.locks import claim
 
     if cfg.source == "catalog":
         builder = get_builder(cfg.name, cfg.version, cfg.staging_dir)
     else:
-        from training.data import own_snapshot
+        from training.data.snapshot import own_snapshot
         from training.registry import is_s3, open_store
 
         store = open_store(cfg.uri, store_options if is_s3(cfg.uri) else None)
@@ -219,7 +220,7 @@ def stage(cfg: DatasetConfig, store_options: Any = None) -> StagedDataset:
 
 
 def statistics_key(validation_fraction: float) -> str:
-    """Statistics depend on how the splits are read (``input.split_names``)."""
+    """Statistics depend on how the splits are read (``splits.split_names``)."""
     return f"validation_fraction={validation_fraction:g}"
 
 
@@ -231,13 +232,14 @@ def _record_statistics(cfg: DatasetConfig, version_dir: Path,
     key = statistics_key(cfg.validation_fraction)
     if key in manifest.get("statistics", {}):
         return
-    from training.data.input import load_builder, split_names
-    from training.data.statistics import dataset_statistics
+    from training.data.snapshot.snapshot_reader import staged_builder
+    from training.data.snapshot.splits import split_names
+    from training.data.snapshot.statistics import dataset_statistics
 
     staged = StagedDataset(name=cfg.name, version=manifest["version"],
                            path=os.fspath(version_dir), staging_dir=os.fspath(cfg.staging_dir),
                            fingerprint=manifest["fingerprint"])
-    builder = load_builder(staged)
+    builder = staged_builder(staged)
     stats = dataset_statistics(builder, split_names(builder, cfg.validation_fraction))
     manifest.setdefault("statistics", {})[key] = stats
     _write_manifest(version_dir, manifest)

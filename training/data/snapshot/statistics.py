@@ -51,10 +51,9 @@ def content_hash(image: Any) -> bytes:
 
 
 def label_names(builder: Any) -> list[str]:
-    """The class names of the builder's label feature (``"0"``, ``"1"``, ... without)."""
+    """The class names of a tfds-style builder's label feature (``"0"``, ``"1"``, ...
+    without)."""
     info = builder.info
-    if hasattr(info, "label_names"):  # staged_arrays.StagedInfo (a JAX process)
-        return list(info.label_names or [str(i) for i in range(info.num_classes)])
     keys = info.supervised_keys or ("image", "label")
     label = info.features[keys[1]]
     names = getattr(label, "names", None)
@@ -151,7 +150,7 @@ def _split_statistics(name: str, expression: str, examples: Iterable[tuple[Any, 
 
 def dataset_statistics(builder: Any, splits: Mapping[str, str]) -> dict[str, Any]:
     """Statistics of every split (``{"train": "train[:90%]", ...}``, as
-    ``training.data.input.split_names`` gives them), one streaming pass each."""
+    ``splits.split_names`` gives them), one streaming pass each."""
     import tensorflow_datasets as tfds
 
     names = label_names(builder)

@@ -7,9 +7,10 @@ second an H200 trains ResNet-50 at; docs/benchmarks.md). When the split does not
 in memory, every epoch decodes it again. With ``dataset.decoded_copy``, staging decodes
 each split once (on the staging worker's CPUs, not the training pod's) into one file of
 fixed-size records, and training reads pixels from it: a NumPy memory map in a JAX
-process (``DecodedSplit.images``, served by ``array_input``), and
-``tf.data.FixedLengthRecordDataset`` under TensorFlow (``DecodedSplit.tf_records``,
-in ``input.py``'s stages). Reading is a copy out of the page cache, in any order; the cost is
+process (``DecodedSplit.images``, served by ``numpy_reader``), and
+``tf.data.FixedLengthRecordDataset`` under TensorFlow (``tf_reader.copy_records``, in
+that reader's stages). This module is the source of those pixels, not a reader of
+either backend. Reading is a copy out of the page cache, in any order; the cost is
 disk, H x W x C bytes an image (a 224x224 photo is about 100 kB as PNG, 147 kB here).
 
 Layout, in the staged dataset's directory beside its shards, but outside its manifest
@@ -28,11 +29,11 @@ has its own pair of files, written in the order the readers read it
 * ``ensure`` (the stage step, when ``dataset.decoded_copy`` is true) writes what is
   missing, under the staging lock; an index of another fingerprint is stale and
   written again.
-* ``find`` (the input pipeline) checks a split's files' size and SHA-256 against the
-  index and gives a ``DecodedSplit``; a changed byte is a ``DatasetError`` naming the
-  file and how to fix it. A process hashes a file once while its inode, size and
-  change time stay the same (a run's train, validation and test inputs open the same
-  files more than once).
+* ``find`` (the input's readers, through ``required``) checks a split's files' size
+  and SHA-256 against the index and gives a ``DecodedSplit``; a changed byte is a
+  ``DatasetError`` naming the file and how to fix it. A process hashes a file once
+  while its inode, size and change time stay the same (a run's train, validation and
+  test inputs open the same files more than once).
 * Every file is written beside its place (``.tmp``), synced, and renamed over it: a
   process still reading a stale copy through a memory map keeps the old file.
 """
@@ -86,24 +87,6 @@ class DecodedSplit:
         return np.memmap(self.pixels, dtype=np.uint8, mode="r",
                          shape=(self.count, *self.shape))
 
-    def tf_records(self) -> tuple[Any, Any]:
-        """tf.data's reader (``input.undecoded``'s pair for the copy): the fixed-size
-        records of raw pixels zipped with the labels, in order, and the function that
-        turns a record into an image."""
-        import tensorflow as tf
-
-        pixels = tf.data.FixedLengthRecordDataset(str(self.pixels), self.image_bytes,
-                                                  buffer_size=1 << 22)
-        records = tf.data.Dataset.zip((pixels, tf.data.Dataset.from_tensor_slices(self.labels)))
-        # A file's records are not counted by tf.data; Keras needs the epoch's length.
-        records = records.apply(tf.data.experimental.assert_cardinality(self.count))
-        shape = self.shape
-
-        def decode(record: Any, label: Any) -> Any:
-            return tf.reshape(tf.io.decode_raw(record, tf.uint8), shape), label
-
-        return records, decode
-
 
 def fingerprint_of(staged_path: Path) -> str:
     """The staged dataset's fingerprint, from its manifest (no tfds, no staging import)."""
@@ -138,8 +121,8 @@ def missing(staged_path: Path, splits: Iterable[str]) -> list[str]:
 
 def ensure(path: Path, splits: Iterable[str]) -> list[str]:
     """Write the decoded copy of the split expressions (those training reads:
-    ``input.split_names``) that have none yet; the ones written."""
-    from training.data.staged_arrays import StagedArrays
+    ``snapshot/splits.split_names``) that have none yet; the ones written."""
+    from training.data.input.staged_arrays import StagedArrays
     from training.locks import claim
 
     splits = list(dict.fromkeys(splits))
@@ -169,7 +152,7 @@ def _stem(split: str) -> str:
 def _write_split(reader: Any, split: str, folder: Path) -> dict[str, Any]:
     """Decode ``split`` into ``<stem>.pixels`` and ``<stem>.labels``, a chunk of images at
     a time: enough for every CPU's decoding thread, at most ``WRITE_BYTES`` of pixels."""
-    from training.data.staged_arrays import DECODE_CHUNK, cpus, decode_images
+    from training.data.input.staged_arrays import DECODE_CHUNK, cpus, decode_images
 
     folder.mkdir(parents=True, exist_ok=True)
     stem = _stem(split)

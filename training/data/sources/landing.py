@@ -26,10 +26,10 @@ the new marker is in. Read markers with ``read_marker``: it returns only complet
 
 Command line (one ``error:`` line on failure, through ``training.entry.run_command``)::
 
-    python -m training.data.landing demo --out DIR [--start 2026-11-28 --days 3
-                                         --drift-day 3 --skip-day N --seed N]
-    python -m training.data.landing land --from DIR --partition dt=2026-11-28 --to URI
-                                         [--replace]
+    python -m training.data.sources.landing demo --out DIR [--start 2026-11-28
+                                     --days 3 --drift-day 3 --skip-day N --seed N]
+    python -m training.data.sources.landing land --from DIR --partition dt=2026-11-28
+                                     --to URI [--replace]
 
 For an ``s3://`` URI the command line uses boto3's default chain (``AWS_*``); the
 Airflow task passes S3Options from its connection.
@@ -225,7 +225,10 @@ def land(source_dir: str | os.PathLike[str], data_uri: str, partition: str, *,
 
 # --- the command line ------------------------------------------------------------------
 
-def build_parser(prog: str = "python -m training.data.landing") -> argparse.ArgumentParser:
+PROG = "python -m training.data.sources.landing"
+
+
+def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=prog,
         description="Write demo partitions, or land one partition into the data store.")
@@ -255,7 +258,7 @@ def build_parser(prog: str = "python -m training.data.landing") -> argparse.Argu
 
 def execute(args: argparse.Namespace) -> int:
     if args.command == "demo":
-        from training.data.demo import DEMO_SEED, write_demo_partitions
+        from training.data.sources.demo import DEMO_SEED, write_demo_partitions
 
         result = write_demo_partitions(
             args.out, start=args.start, days=args.days, drift_day=args.drift_day,
@@ -267,7 +270,7 @@ def execute(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None, prog: str = "python -m training.data.landing") -> int:
+def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     args = build_parser(prog).parse_args(argv)
     return run_command(lambda: execute(args))
 

@@ -1,7 +1,7 @@
 """The dataset catalog: a dataset name (and version) to its tensorflow-datasets builder.
 
 Every dataset is a tfds builder: the built-in offline ``digits``
-(``training/data/digits.py``, registered when that module is imported) or any tfds
+(``training/data/sources/digits.py``, registered when that module is imported) or any tfds
 image-classification dataset (mnist, fashion_mnist, cifar10, ...). A name that is not
 one, a version tfds does not have, or a dataset that is not an image and a class label
 is a ``ConfigError`` that says what is allowed.
@@ -30,7 +30,7 @@ from training.errors import ConfigError, DatasetError, shown
 # Offline datasets: name -> module whose import registers the builder, and the version
 # the builder has (here, not only in the builder, so that a cache hit is found without
 # importing tensorflow-datasets: ``staging.cached``).
-OFFLINE_BUILDERS = {"digits": "training.data.digits"}
+OFFLINE_BUILDERS = {"digits": "training.data.sources.digits"}
 OFFLINE_VERSIONS = {"digits": "1.0.0"}
 DEFAULT_VERSION_RECORD = "default-version.json"  # <staging_dir>/<name>/: tfds's pick
 REACH_TIMEOUT_S = 5.0  # one TCP connection to a download's host, before tfds's first try
@@ -115,10 +115,8 @@ def _image_classification_info(builder: Any) -> tuple[tuple[int, ...] | None, in
 
 
 def dataset_info(builder: Any) -> dict[str, Any]:
-    """Input shape and class count for the model builder (a JAX process's reader,
-    ``staged_arrays.StagedArrays``, says them without tfds)."""
-    if hasattr(builder.info, "dataset_info"):
-        return builder.info.dataset_info()
+    """Input shape and class count for the model builder, from a tfds-style builder (a
+    JAX process's reader says them without tfds: ``StagedInfo.dataset_info``)."""
     shape, num_classes = _image_classification_info(builder)
     return {"input_shape": shape, "num_classes": num_classes}
 

@@ -16,7 +16,7 @@ import math
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from training.data.statistics import FORMAT, count_duplicate
+from training.data.snapshot.statistics import FORMAT, count_duplicate
 
 
 def _mean_std(pixels: int, sums: list[int], squares: list[int]

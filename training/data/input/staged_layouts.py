@@ -1,7 +1,7 @@
 """Where a staged dataset's examples are, read from its own files without tfds.
 
 ``staged_arrays.py`` reads staged datasets in a process without TensorFlow; this
-module knows the two layouts staging leaves (``staging.py``) and nothing else:
+module knows the two layouts staging leaves (``snapshot/staging.py``) and nothing else:
 
 * **a tfds-prepared directory** (``digits``, mnist, any tfds dataset):
   ``dataset_info.json`` gives the splits, each shard's length, the file name template,
@@ -10,7 +10,8 @@ module knows the two layouts staging leaves (``staging.py``) and nothing else:
   ``features.json`` the image's shape and dtype and the ClassLabel's number of classes
   (names from ``<label>.labels.txt`` when tfds wrote them). Records are
   ``{image key: encoded image, label key: int64}``.
-* **a team's snapshot** (``own_snapshot.py``; its staging manifest lists ``shards``):
+* **a team's snapshot** (``snapshot/own_snapshot.py``; its staging manifest lists
+  ``shards``):
   the manifest gives each split's shards in reading order, the sorted class names
   (a label's index is its place among them, as ``SnapshotReader`` applies it), the
   image shape and the examples per split. Records are ``{"image": PNG, "label": the
@@ -30,8 +31,8 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from training.data import read_order
-from training.data.records import iter_records, parse_example
+from training.data.input import read_order
+from training.data.input.records import iter_records, parse_example
 from training.errors import DatasetError, shown
 from training.layout import STAGING_MANIFEST
 
@@ -83,7 +84,7 @@ def _snapshot_manifest(path: Path) -> dict[str, Any] | None:
 
 
 class _SnapshotLayout(Layout):
-    """A team's snapshot (``own_snapshot.py``): each split's shards of ``{"image": PNG,
+    """A team's snapshot (``snapshot/own_snapshot.py``): each split's shards of ``{"image": PNG,
     "label": class name}``, read as ``SnapshotReader`` does."""
 
     def __init__(self, path: Path, manifest: dict[str, Any]) -> None:

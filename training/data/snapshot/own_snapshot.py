@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from training.config import DatasetConfig
-from training.data import partition_shards, snapshot_statistics
-from training.data.images import Snapshot
+from training.data.snapshot import partition_shards, snapshot_statistics
+from training.data.sources.images import Snapshot
 from training.errors import DatasetError
 from training.files import sha256_file
 

@@ -1,4 +1,12 @@
-"""Reading a team's staged snapshot back: its partitions' shards, as one dataset.
+"""Reading a staged dataset back under TensorFlow, as a tfds-style builder: a team's
+snapshot (its partitions' shards) as one dataset, or tfds's own builder.
+
+``staged_builder`` chooses by what the directory holds: a team's snapshot (its staging
+manifest lists shards) reads through ``SnapshotReader``, a tfds-prepared directory
+through tfds's builder, and under ``tfds.testing.mock_data`` (nothing written) the
+catalog's builder reads. Staging's statistics, the validate step and a TensorFlow
+run's input (``input/tf_reader.py``) read through it; a JAX run reads the same files
+without TensorFlow (``input/staged_arrays.py``).
 
 A snapshot (``own_snapshot.py``) is not a tensorflow-datasets dataset: each partition
 keeps its own shards and its class names, and the snapshot's label indices (its sorted
@@ -14,7 +22,7 @@ reads back like ``digits`` or mnist:
   pipeline shuffles the small encoded records and decodes after the shuffle.
 
 A split is ``train``, ``validation`` or ``test``, or a whole-percent slice of one as
-``input.split_names`` writes it (``train[:90%]``, ``train[90%:]``). The shards of a
+``splits.split_names`` writes it (``train[:90%]``, ``train[90%:]``). The shards of a
 split are read in parallel, one record from each file in turn (the partitions' order),
 so that a shuffle buffer holds every day from its first element on, and a seed gives
 one order.
@@ -32,6 +40,22 @@ from training.errors import DatasetError
 from training.layout import STAGING_MANIFEST
 
 _SLICE = re.compile(r"^(\w+)(?:\[(\d+)?%?:(\d+)?%?\])?$")
+
+
+def staged_builder(staged: Any) -> Any:
+    """The builder reading a staged dataset back from its directory (no preparation, no
+    registration: a team's own snapshot reads back like digits or mnist). ``staged`` is
+    a ``staging.StagedDataset`` (not imported: staging reads its statistics through
+    here)."""
+    import tensorflow_datasets as tfds
+
+    if is_snapshot(staged.path):  # a team's data: its partitions' shards
+        return SnapshotReader(staged.path)
+    if (Path(staged.path) / "dataset_info.json").is_file():
+        return tfds.builder_from_directory(staged.path)
+    from training.data.sources.catalog import get_builder
+
+    return get_builder(staged.name, staged.version, staged.staging_dir)
 
 
 def is_snapshot(path: str | Path) -> bool:
