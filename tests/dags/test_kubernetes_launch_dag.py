@@ -24,17 +24,19 @@ import os
 import re
 import threading
 import time
-import uuid
 
 import pytest
-from support.fake_kubernetes import FakeKubernetes, Plan
+from support.fake_kubernetes import (
+    AWS_SECRET,
+    NAMESPACE,
+    TOKEN,
+    Plan,
+    running_cluster,
+)
 
 from training.config import RunConfig
 from training.launch import kubernetes as k8s
 
-TOKEN = f"fake-bearer-{uuid.uuid4().hex}"
-AWS_SECRET = f"never-log-me-{uuid.uuid4().hex}"
-NAMESPACE = "ml"
 RUN_ID = "manual__2026-03-01T00-00-00"
 # What stage_dataset hands over through XCom; the pods train on it.
 STAGED = {"name": "digits", "version": "1.0.0", "path": "/data/datasets/digits/1.0.0",
@@ -43,30 +45,8 @@ STAGED = {"name": "digits", "version": "1.0.0", "path": "/data/datasets/digits/1
 
 @pytest.fixture
 def cluster(monkeypatch):
-    fake = FakeKubernetes()
-    fake.thread.start()
-    kube_config = {
-        "apiVersion": "v1", "kind": "Config", "current-context": "fake",
-        "clusters": [{"name": "fake", "cluster": {"server": fake.url}}],
-        "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "airflow"}}],
-        "users": [{"name": "airflow", "user": {"token": TOKEN}}],
-    }
-    monkeypatch.setenv("AIRFLOW_CONN_KUBERNETES_FAKE", json.dumps(
-        {"conn_type": "kubernetes", "extra": {"kube_config": kube_config}}))
-    monkeypatch.setenv("TRAINING_K8S_CONN_ID", "kubernetes_fake")
-    monkeypatch.setenv("TRAINING_K8S_NAMESPACE", NAMESPACE)
-    monkeypatch.setenv("TRAINING_K8S_CREDENTIALS_SECRET", "training-s3")
-    monkeypatch.setenv("TRAINING_K8S_POLL_INTERVAL", "0")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", AWS_SECRET)  # the worker's own; never sent
-    for key in ("TRAINING_K8S_OPTIONS", "TRAINING_K8S_IMAGE", "TRAINING_K8S_SERVICE_ACCOUNT",
-                "TRAINING_K8S_SHARED_PVC", "TRAINING_K8S_SHARED_MOUNT",
-                "TRAINING_K8S_KUEUE_QUEUE"):
-        monkeypatch.delenv(key, raising=False)
-    try:
+    with running_cluster(monkeypatch) as fake:
         yield fake
-    finally:
-        fake.server.shutdown()
-        fake.server.server_close()
 
 
 @pytest.fixture

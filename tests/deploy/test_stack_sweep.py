@@ -19,6 +19,9 @@ from outside, each fact by a reader of its own:
   the same time on two different workers, and never more than two at once;
 - the model store, read with a plain boto3 client: the published version's
   ``sweep.json`` names the storage by its URL, without the password.
+
+A second run kills one trial's task process mid-epoch (SIGKILL, its worker alive) and
+checks that Airflow's retry resumes that trial from its backup under the same slot.
 """
 
 from __future__ import annotations
@@ -32,6 +35,9 @@ from typing import Any
 
 import pytest
 from support.devstack import DAG_ID, quote
+from support.prodstack import processes as prodstack_processes
+
+from training.train.resume import RESTORED_MARK
 
 pytestmark = pytest.mark.slow
 
@@ -167,3 +173,39 @@ def test_a_sweep_trains_on_two_workers_at_once_and_keeps_its_study_in_postgres(
         if name.startswith("trial"):
             assert f"{name} of run " in text, text[-2000:]  # a real log, read whole
         assert password not in text, name
+
+
+def parent_of(pid: int) -> int:
+    return int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+
+
+def test_a_trial_task_killed_mid_epoch_is_retried_and_resumes_its_trial(production_stack: Any):
+    """SIGKILL of trial 0's task process and its training child (a preempted task, its
+    worker alive) while it trains its fifth epoch. Airflow retries the instance; the
+    retry resumes the trial from its backup, under the same slot and the same Optuna
+    trial (a kill leaves it running, nothing told), and the sweep publishes."""
+    stack = production_stack
+    conf = {**CONF, "epochs": 12, "early_stopping_patience": 12, "sweep_trials": 2,
+            "sweep_parallel": 2, "sweep_sampler": "grid",
+            "sweep_space": {"fit.learning_rate": {"choices": [1e-3, 3e-3]}}}
+    run_id = stack.trigger(conf)
+    first = stack.task_log(run_id, "trial", map_index=0)
+    stack.wait_line(first, "Epoch 5/")
+    child = next(pid for pid, cmd in prodstack_processes().items()
+                 if "--trial-of" in cmd and re.search(r"--trial 0( |$)", cmd))
+    killed = stack.kill_tree(parent_of(child))  # the task process, the training child
+    assert child in killed, killed
+    assert stack.wait_end(run_id, timeout=900) == "success", stack.diagnostics(run_id)
+
+    trial = stack.request("GET", f"/api/v2/dags/{DAG_ID}/dagRuns/{quote(run_id)}/"
+                                 "taskInstances/trial/0")
+    assert trial["state"] == "success" and trial["try_number"] == 2, trial
+    retry = stack.task_log(run_id, "trial", attempt=2, map_index=0).read_text()
+    assert RESTORED_MARK in retry, retry[-3000:]
+    assert "Epoch 1/" not in retry  # it went on from the backup, not from scratch
+    assert "trial 0 of run" in retry and "resumed" in retry, retry[-3000:]
+
+    trials, _ = study_rows(stack, stack.xcom(run_id, "train")["picked_from_sweep"])
+    slot0 = [t for t in trials if t["slot"] == 0]
+    assert len(slot0) == 1 and slot0[0]["attempt"] == 0, trials  # the same Optuna trial
+    assert {t["state"] for t in trials} == {"COMPLETE"}, trials

@@ -1,6 +1,7 @@
 """The pruning callback on a real study: a tiny Keras model fitted on tiny arrays, one
-trial that learns and one that does not; the second is pruned after its first epoch,
-stops there, and is recorded pruned."""
+trial that learns and one that does not; the second is pruned as soon as the median
+pruner judges (after its warm-up: the first epoch, a fifth of 6 but at least one, is never
+judged), stops there, and is recorded pruned."""
 
 from __future__ import annotations
 
@@ -67,13 +68,13 @@ def test_a_trial_that_falls_behind_is_pruned_stops_and_is_recorded(tmp_path):
         results[rate] = (pruning, history, sweeps.tell(handle, "complete"))
     good, bad = results[GOOD], results[BAD]
     assert not good[0].pruned and len(good[1].epoch) == EPOCHS and good[2] == "complete"
-    assert bad[0].pruned and bad[0].pruned_at == 1
-    assert len(bad[1].epoch) == 1  # stopped at once, not after its 6 epochs
+    assert bad[0].pruned and bad[0].pruned_at == 2  # its first epoch is never judged
+    assert len(bad[1].epoch) == 2  # stopped at once, not after its 6 epochs
     assert bad[2] == "pruned"  # the callback told it; the later "complete" is ignored
     trials = sweeps.close(sweep)
     by_slot = {t.number: t for t in trials}
     assert by_slot[handles[BAD]].state == "pruned"
-    assert list(by_slot[handles[BAD]].epochs) == [1]
+    assert list(by_slot[handles[BAD]].epochs) == [1, 2]
     assert list(by_slot[handles[GOOD]].epochs) == list(range(1, EPOCHS + 1))
     best = pick(trials, cfg)
     assert best.number == handles[GOOD]

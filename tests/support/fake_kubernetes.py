@@ -1,19 +1,27 @@
 """A fake Kubernetes API over HTTP, for the Kubernetes launch tests (no API server can run
 here): ``FakeKubernetes`` is a small server on 127.0.0.1 that answers the few endpoints
 the launcher calls, keeps the objects it is sent and plays a scripted Job (``Plan``:
-pods, logs with timestamps, conditions, a time suspended in a Kueue queue)."""
+pods, logs with timestamps, conditions, a time suspended in a Kueue queue).
+``running_cluster`` starts one and points the launcher's deployment settings at it.
+What a Job's pods would leave behind (a trial's history on the shared volume) is the
+test's to write, in ``on_start``."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import threading
 import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
 
 INDEX_KEY = "batch.kubernetes.io/job-completion-index"
+TOKEN = f"fake-bearer-{uuid.uuid4().hex}"
+AWS_SECRET = f"never-log-me-{uuid.uuid4().hex}"
+NAMESPACE = "ml"
 
 
 @dataclass
@@ -56,6 +64,7 @@ class FakeKubernetes:
         self.logs: dict[str, list[str]] = {}  # pod -> timestamped lines
         self.plans: list[Plan] = []  # the next Jobs' plans, in creation order
         self.faults: list[tuple[str, str, int]] = []  # (method, path regex, status), once each
+        self.on_start: Callable[[dict], None] | None = None  # the pods' work, given the Job
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever,
@@ -125,6 +134,8 @@ class FakeKubernetes:
             if plan.outcome == "failed" and index == plan.failing:
                 lines += [f"{_stamp(50, '.25')} {text}" for text in plan.tail]
             self.logs[pod] = lines
+        if self.on_start is not None:
+            self.on_start(body)
 
     @staticmethod
     def _status(state: dict) -> dict:
@@ -263,3 +274,35 @@ def _status_body(code: int, reason: str, message: str) -> dict:
 
 
 # --- fixtures -------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def running_cluster(monkeypatch) -> Iterator[FakeKubernetes]:
+    """A ``FakeKubernetes`` serving, named by the Airflow connection ``kubernetes_fake``
+    (``TRAINING_K8S_CONN_ID``, namespace ``NAMESPACE``, its bearer ``TOKEN``), the other
+    ``TRAINING_K8S_*`` settings unset; the worker's own ``AWS_SECRET_ACCESS_KEY`` is
+    ``AWS_SECRET`` (never to be sent)."""
+    fake = FakeKubernetes()
+    fake.thread.start()
+    kube_config = {
+        "apiVersion": "v1", "kind": "Config", "current-context": "fake",
+        "clusters": [{"name": "fake", "cluster": {"server": fake.url}}],
+        "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "airflow"}}],
+        "users": [{"name": "airflow", "user": {"token": TOKEN}}],
+    }
+    monkeypatch.setenv("AIRFLOW_CONN_KUBERNETES_FAKE", json.dumps(
+        {"conn_type": "kubernetes", "extra": {"kube_config": kube_config}}))
+    monkeypatch.setenv("TRAINING_K8S_CONN_ID", "kubernetes_fake")
+    monkeypatch.setenv("TRAINING_K8S_NAMESPACE", NAMESPACE)
+    monkeypatch.setenv("TRAINING_K8S_CREDENTIALS_SECRET", "training-s3")
+    monkeypatch.setenv("TRAINING_K8S_POLL_INTERVAL", "0")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", AWS_SECRET)
+    for key in ("TRAINING_K8S_OPTIONS", "TRAINING_K8S_IMAGE", "TRAINING_K8S_SERVICE_ACCOUNT",
+                "TRAINING_K8S_SHARED_PVC", "TRAINING_K8S_SHARED_MOUNT",
+                "TRAINING_K8S_KUEUE_QUEUE"):
+        monkeypatch.delenv(key, raising=False)
+    try:
+        yield fake
+    finally:
+        fake.server.shutdown()
+        fake.server.server_close()

@@ -168,9 +168,13 @@ class DevStack(DevAirflow):
                                      + self.diagnostics(run_id))
             time.sleep(0.3)
 
-    def task_log(self, run_id: str, task_id: str, attempt: int = 1) -> Path:
-        return (self.home / "logs" / f"dag_id={DAG_ID}" / f"run_id={run_id}"
-                / f"task_id={task_id}" / f"attempt={attempt}.log")
+    def task_log(self, run_id: str, task_id: str, attempt: int = 1,
+                 map_index: int = -1) -> Path:
+        task = (self.home / "logs" / f"dag_id={DAG_ID}" / f"run_id={run_id}"
+                / f"task_id={task_id}")
+        if map_index >= 0:  # Airflow's log path template: a mapped instance's own folder
+            task = task / f"map_index={map_index}"
+        return task / f"attempt={attempt}.log"
 
     def worker_logs(self) -> dict[str, str]:
         """Each Celery worker's own log (``worker``, ``worker-2`` ..., ``worker-gpu``)."""

@@ -21,7 +21,7 @@ from training.sweep.space import Param
 optuna.logging.set_verbosity(optuna.logging.WARNING)  # steps.sweep logs what a sweep does
 
 MEDIAN_MAX_STARTUP = 5  # completed trials before median pruning starts (fewer in small sweeps)
-MEDIAN_WARMUP_SHARE = 5  # the first 1/5 of the epochs are never pruned by the median
+MEDIAN_WARMUP_SHARE = 5  # the first 1/5 of the epochs (at least one) are never pruned
 HYPERBAND_REDUCTION = 3  # hyperband keeps the best third at each rung
 TPE_MAX_STARTUP = 10  # random trials before TPE models the results (fewer in small sweeps)
 
@@ -51,12 +51,14 @@ def make_sampler(sampler: str, trials: int, seed: int) -> optuna.samplers.BaseSa
 
 def make_pruner(pruner: str, trials: int, epochs: int) -> optuna.pruners.BasePruner:
     """none: never; median: below the completed trials' median at the same epoch, once
-    a few trials completed and after the first fifth of the epochs; hyperband: successive
+    a few trials completed and after the first fifth of the epochs (at least the first
+    epoch: one epoch's value alone is too noisy to judge a trial by); hyperband: successive
     halving over budgets from 1 epoch to ``epochs`` (the step reported is the epochs done)."""
     if pruner == "median":
         return optuna.pruners.MedianPruner(
             n_startup_trials=max(1, min(MEDIAN_MAX_STARTUP, trials // 4)),
-            n_warmup_steps=epochs // MEDIAN_WARMUP_SHARE)
+            # Optuna prunes from the step n_warmup_steps on; the step is the epochs done.
+            n_warmup_steps=max(1, epochs // MEDIAN_WARMUP_SHARE) + 1)
     if pruner == "hyperband":
         return optuna.pruners.HyperbandPruner(min_resource=1, max_resource=epochs,
                                               reduction_factor=HYPERBAND_REDUCTION)

@@ -1,0 +1,92 @@
+"""A sweep's trials under ``launcher=kubernetes``: each trial task runs a Job of its own.
+
+``TrialOperator`` (``training_airflow.sweep_tasks``) hands each trial's config to
+``LAUNCHERS["kubernetes"]`` against ``FakeKubernetes`` (no API server runs here; see
+``test_kubernetes_launch_dag.py`` for what the fake cannot prove), with the study, the
+trial configs and ``training.steps.sweep``'s plan, ask, tell and pick for real. The
+fake's Job plays its pods' part by writing what a trial's training leaves on the shared
+volume, its ``history.json``: an objective that depends on the learning rate the Job's
+ConfigMap carries, so the pick can only be right if each Job trained its own trial.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from support.fake_kubernetes import NAMESPACE, Plan, running_cluster
+
+from training import layout
+from training.config import RunConfig, frozen
+from training.launch import kubernetes as k8s
+
+RUN_ID = "manual__2026-03-02T00-00-00"
+RATES = [0.003, 0.01]
+STAGED = {"name": "digits", "version": "1.0.0", "path": "/data/datasets/digits/1.0.0",
+          "staging_dir": "/data/datasets", "fingerprint": "1" * 64}
+
+
+def val_loss(rate: float) -> list[float]:
+    """What the fake pods 'train' to: the larger rate ends lower."""
+    return [1.0, 0.5, 0.2 - rate]
+
+
+@pytest.fixture
+def cluster(monkeypatch, tmp_path):
+    monkeypatch.delenv("TRAINING_SWEEP_STORAGE", raising=False)
+    with running_cluster(monkeypatch) as fake:
+        def train(job: dict) -> None:  # the pods' work: the trial's history, written
+            config = json.loads(fake.objects[("configmaps", job["metadata"]["name"])]
+                                ["data"]["config.json"])
+            run_dir = Path(config["storage"]["output_dir"]) / config["storage"]["run_id"]
+            history = layout.model_dir(run_dir) / layout.HISTORY
+            history.parent.mkdir(parents=True)
+            history.write_text(json.dumps(
+                {"metrics": {"val_loss": val_loss(config["fit"]["learning_rate"])}}))
+
+        fake.on_start = train
+        yield fake
+
+
+def test_each_trial_is_a_job_of_its_own_and_the_pick_takes_the_best(cluster, tmp_path):
+    from training.data.snapshot.staging import StagedDataset
+    from training.deployment import Deployment
+    from training.steps import sweep
+    from training_airflow.sweep_tasks import LABEL, TrialOperator
+
+    cfg = RunConfig.from_flat({
+        "launcher": "kubernetes", "epochs": 3, "run_id": RUN_ID,
+        "output_dir": str(tmp_path / "runs"), "staging_dir": "/data/training/datasets",
+        "sweep_trials": len(RATES), "sweep_parallel": len(RATES), "sweep_sampler": "grid",
+        "sweep_pruner": "none", "sweep_space": {"fit.learning_rate": {"choices": RATES}}})
+    staged = StagedDataset.from_dict(STAGED)
+    assert sweep.plan(cfg, staged) == [0, 1]
+    cluster.plans = [Plan(polls=1), Plan(polls=1)]
+    ended = {}
+    for slot in (0, 1):
+        operator = TrialOperator(task_id="trial", staged=STAGED, slot=slot)
+        operator.deployment, operator.frozen = Deployment.from_env(), frozen.freeze(cfg)
+        context: dict = {}
+        ended[slot] = operator.work(cfg, context)
+        assert context[LABEL] == ended[slot]["label"]  # the grid's name for the instance
+
+    jobs = [body for kind, namespace, body in cluster.created() if kind == "jobs"]
+    trial_runs = [f"{RUN_ID}-t{slot}" for slot in (0, 1)]
+    assert [job["metadata"]["name"] for job in jobs] == [k8s.job_name(r) for r in trial_runs]
+    assert {namespace for _, namespace, _ in cluster.created()} == {NAMESPACE}
+    for slot, run_id in enumerate(trial_runs):
+        config = json.loads(cluster.objects[("configmaps", k8s.job_name(run_id))]
+                            ["data"]["config.json"])
+        assert config["storage"]["run_id"] == run_id
+        rate = ended[slot]["params"]["fit.learning_rate"]
+        assert config["fit"]["learning_rate"] == rate  # the Job trains its own trial's values
+        assert config.get("sweep", {}).get("trials", 0) == 0  # a trial is no sweep itself
+        assert ended[slot]["state"] == "complete"
+        assert ended[slot]["value"] == pytest.approx(min(val_loss(rate)))
+    assert sorted(e["params"]["fit.learning_rate"] for e in ended.values()) == RATES
+
+    best = max(RATES)  # the lower val_loss
+    chosen = sweep.pick(cfg, staged)
+    assert chosen.fit.learning_rate == best
+    assert chosen.run_id in trial_runs
