@@ -43,6 +43,7 @@ ROOT = Path(__file__).resolve().parents[2]
 MODEL = ["--model", "support.sweep_models:dense"]
 MODEL_ENV = {"PYTHONPATH": os.fspath(ROOT / "tests")}
 QUICK = ["--backup-interval-s", "0", "--min-accuracy", "0"]
+EPOCHS_TO_SPARE = 8  # the SIGTERM test's epochs (its comment)
 # The model takes any dropout, and Keras refuses a rate of 1.5 when the model is built:
 # those trials fail in their child, for good (exit 2). A learning rate of 1e-5 barely
 # moves in an epoch: the median pruner stops it once a trial completed.
@@ -226,12 +227,15 @@ def _in_epoch_2(lines: list[str]) -> set[int]:
 
 def test_sigterm_to_run_stops_every_trial_and_the_same_command_resumes_them(
         staged_digits, tmp_path):
-    # Batches of 8, one per step: an epoch lasts long enough to be stopped inside.
+    # Batches of 8, one per step: an epoch lasts long enough to be stopped inside. Epochs
+    # to spare: the signal waits for both trials in epoch 2, and one may start seconds
+    # after the other (seen: a trial that had ended its 3 epochs by then).
     args = _sweep(staged_digits, "--run-id", "stopped", "--batch-size", "8",
                   "--steps-per-execution", "1", "--sweep-trials", "2", "--sweep-parallel",
                   "2", "--sweep-sampler", "random", "--sweep-pruner", "none",
+                  "--early-stopping-patience", str(EPOCHS_TO_SPARE),
                   space_={"fit.learning_rate": {"float": [1e-3, 3e-2], "log": True}},
-                  epochs=3)
+                  epochs=EPOCHS_TO_SPARE)
     sent: list[int] = []
 
     def stop_in_epoch_2(proc: subprocess.Popen, line: str) -> None:
@@ -272,7 +276,7 @@ def test_sigterm_to_run_stops_every_trial_and_the_same_command_resumes_them(
     assert [(t["number"], t["attempt"], t["state"]) for t in sweep["trials"]] == [
         (0, 0, "complete"), (1, 0, "complete")]
     for t in sweep["trials"]:
-        assert list(t["epochs"]) == ["1", "2", "3"], t
+        assert list(t["epochs"]) == [str(e) for e in range(1, EPOCHS_TO_SPARE + 1)], t
         assert t["run_dir"].endswith(f"stopped-t{t['number']}")
         assert t["error"] == "", t  # stopped, then resumed: nothing went wrong
 
