@@ -41,7 +41,18 @@ Variables (empty counts as unset):
 - ``TRAINING_ALERT_EMAIL_CONN_ID``, ``TRAINING_ALERT_WEBHOOK_CONN_ID``: the Airflow
   connections alerts are sent through, an SMTP server and a JSON webhook
   (``training_alerts_email``, ``training_alerts_webhook``; a connection that does not
-  exist sends nothing, docs/alerts.md).
+  exist sends nothing, docs/alerts.md);
+- ``TRAINING_MLFLOW_TRACKING_URI`` (else ``MLFLOW_TRACKING_URI``): the MLflow tracking
+  server every run, trial and version is mirrored to (``http(s)://host:port``, a
+  ``file:`` store or a path; unset or empty: tracking off, MLflow never imported); a
+  password inside it is refused (MLflow's client reads ``MLFLOW_TRACKING_PASSWORD``,
+  docs/tracking.md);
+- ``TRAINING_SERVING_KEEP``: how many integer-numbered folders ``serving/<name>/`` keeps
+  for TF Serving, KServe and Triton (5; docs/serving.md);
+- ``TRAINING_RETRY_DELAY_SECONDS``: the DAGs' ``retry_delay`` (60; the tests set seconds);
+- ``TRAINING_DEFERRABLE``: whether tasks that wait on work outside Airflow (a Kubernetes
+  Job, a sweep's lane) hand the wait to the triggerer (``true``; as Airflow's
+  ``[operators] default_deferrable``, docs/kubernetes-airflow.md).
 """
 
 from __future__ import annotations
@@ -53,11 +64,15 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from urllib.parse import urlsplit
+
 from training.errors import ConfigError, StorageError
 from training.registry.uri import StoreURI
 
 DEFAULT_SCHEDULE = "0 3 * * *"
 DEFAULT_DEADLINE_MINUTES = 360
+DEFAULT_SERVING_KEEP = 5
+DEFAULT_RETRY_DELAY_SECONDS = 60
 K8S_PREFIX = "TRAINING_K8S_"
 
 
@@ -81,6 +96,8 @@ class Deployment:
     kubernetes_env: Mapping[str, str] = field(default_factory=dict)
     alert_email_conn_id: str = "training_alerts_email"
     alert_webhook_conn_id: str = "training_alerts_webhook"
+    tracking_uri: str = ""
+    serving_keep: int = DEFAULT_SERVING_KEEP
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Deployment:
@@ -117,6 +134,9 @@ class Deployment:
             kubernetes_env={k: v for k, v in read.env.items() if k.startswith(K8S_PREFIX)},
             alert_email_conn_id=alert_conn_ids_from_env(env)[0],
             alert_webhook_conn_id=alert_conn_ids_from_env(env)[1],
+            tracking_uri=tracking_uri_from_env(env),
+            serving_keep=_whole_number(read, "TRAINING_SERVING_KEEP", DEFAULT_SERVING_KEEP,
+                                       "folders"),
         )
 
     def run_settings(self) -> dict[str, Any]:
@@ -214,3 +234,73 @@ def sweep_password_from_env(env: Mapping[str, str] | None = None) -> str | None:
     the process that opens the study, handed to the driver at connect time and kept out
     of every config, log and record; None: no password (or libpq's own ways)."""
     return _Environment(env).env.get("TRAINING_SWEEP_STORAGE_PASSWORD") or None
+
+
+def _whole_number(read: _Environment, name: str, default: int, unit: str) -> int:
+    text = read.get(name, str(default))
+    try:
+        value = int(text)
+        if value < 1:
+            raise ValueError
+    except ValueError:
+        raise ConfigError(f"{name} must be a whole number of {unit} from 1, "
+                          f"got {text!r}") from None
+    return value
+
+
+def retry_delay_from_env(env: Mapping[str, str] | None = None) -> timedelta:
+    """The DAGs' ``retry_delay`` (``TRAINING_RETRY_DELAY_SECONDS``, default 60): a DAG
+    file reads it, so a wrong value is the DAG's import error, naming it."""
+    return timedelta(seconds=_whole_number(_Environment(env), "TRAINING_RETRY_DELAY_SECONDS",
+                                           DEFAULT_RETRY_DELAY_SECONDS, "seconds"))
+
+
+_TRUE = ("true", "1", "yes", "on")
+_FALSE = ("false", "0", "no", "off")
+
+
+def deferrable_from_env(env: Mapping[str, str] | None = None) -> bool:
+    """Whether waiting tasks defer to the triggerer (``TRAINING_DEFERRABLE``, default
+    true); a word that is not a boolean is a ConfigError naming it."""
+    text = _Environment(env).get("TRAINING_DEFERRABLE", "true")
+    if text.strip().lower() in _TRUE:
+        return True
+    if text.strip().lower() in _FALSE:
+        return False
+    raise ConfigError(f"TRAINING_DEFERRABLE must be a boolean ({', '.join(_TRUE)} or "
+                      f"{', '.join(_FALSE)}), got {text!r}")
+
+
+TRACKING_SCHEMES = ("http", "https", "file", "sqlite", "postgresql", "databricks")
+
+
+def tracking_uri_from_env(env: Mapping[str, str] | None = None) -> str:
+    """The MLflow tracking URI (``TRAINING_MLFLOW_TRACKING_URI``, else
+    ``MLFLOW_TRACKING_URI``; empty: off). A URI MLflow cannot take, or one that holds a
+    password, is a ConfigError naming the variable (the password belongs in
+    ``MLFLOW_TRACKING_PASSWORD``, never in a URI that logs and records repeat)."""
+    read = _Environment(env)
+    name = "TRAINING_MLFLOW_TRACKING_URI"
+    text = read.env.get(name, "")
+    if not text:
+        name, text = "MLFLOW_TRACKING_URI", read.env.get("MLFLOW_TRACKING_URI", "")
+    text = text.strip()
+    if not text:
+        return ""
+    if text.startswith("/"):
+        return text
+    try:
+        parts = urlsplit(text)
+        parts.port  # noqa: B018 - a port that is not a number raises here
+    except ValueError as exc:
+        raise ConfigError(f"{name} is not a URI ({exc}), got {text!r}") from None
+    scheme = parts.scheme.split("+")[0]
+    if scheme not in TRACKING_SCHEMES or (scheme in ("http", "https") and not parts.hostname):
+        raise ConfigError(f"{name} must be an http(s)://host[:port] tracking server, a "
+                          f"file: store or an absolute path (or empty: tracking off), "
+                          f"got {text!r}")
+    if parts.password is not None:
+        shown = text.replace(f":{parts.password}@", ":***@")
+        raise ConfigError(f"{name} must not hold a password (set MLFLOW_TRACKING_PASSWORD "
+                          f"in the process's environment instead), got {shown!r}")
+    return text
