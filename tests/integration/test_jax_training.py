@@ -207,6 +207,23 @@ def test_a_setting_that_cannot_take_effect_under_jax_is_refused(staged_digits, t
     assert not (tmp_path / "runs").exists()  # nothing written
 
 
+def test_a_layout_rule_refused_in_the_training_process_leaves_no_run_directory(
+        staged_digits, tmp_path):
+    # The rule is checked against the built model, so the refusal comes from inside the
+    # training process (the run left runs/<run id>/model/config.json behind).
+    staged = tmp_path / "staged.json"
+    staged.write_text(json.dumps(staged_digits.to_dict()))
+    proc = cli(tmp_path, "train", "--backend", "jax", "--model-parallel", "2", "--model",
+               "support.bad_models:ruled", "--model-name", "mm", "--staging-dir",
+               staged_digits.staging_dir, "--output-dir", os.fspath(tmp_path / "runs"),
+               "--staged", os.fspath(staged),
+               env={"JAX_NUM_CPU_DEVICES": "2", "PYTHONPATH": os.fspath(ROOT / "tests")})
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    line = one_error_line(proc)
+    assert "layout rule 'no_such_layer/kernel$'" in line and "names no variable" in line
+    assert not (tmp_path / "runs").exists()  # nothing written
+
+
 def test_model_parallel_is_refused_under_tensorflow(tmp_path):
     proc = cli(tmp_path, "train", "--model-parallel", "2", "--output-dir",
                os.fspath(tmp_path / "runs"))

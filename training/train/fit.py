@@ -263,8 +263,6 @@ def _train(cfg: RunConfig, staged: StagedDataset, resolved: Any,
     final_dir = cfg.run_dir()
     run_dir = final_dir if resolved.is_chief else Path(tempfile.mkdtemp(prefix="worker-"))
     out = model_dir(run_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    cfg.write(out)
 
     batch = resolved.global_batch_size
     # The input, asked once: the splits as fit takes them (training.data.input.choose).
@@ -295,6 +293,10 @@ def _train(cfg: RunConfig, staged: StagedDataset, resolved: Any,
             loop = fused_steps.install(model, inputs.device_split)
     # model.warm_start: production's weights as the start (training.train.warm_start).
     warm = warm_start.start(cfg, model, resolved, final_dir)
+    # Written once every refusal is behind (the model built, its layout checked, its
+    # start weights fitted): a refused run leaves no run directory.
+    out.mkdir(parents=True, exist_ok=True)
+    cfg.write(out)
     (out / layout.RUN).write_text(json.dumps({
         "run_id": cfg.run_id,
         "started_at": _started_at(out / layout.RUN),
