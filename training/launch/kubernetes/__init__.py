@@ -13,6 +13,8 @@ One idea per module:
   ``exec`` wrapper every pod runs);
 - ``job``: ``TrainingJob``, which applies the objects with plain ``kubernetes`` API
   clients, follows the Job, copies its pods' logs, explains a failure and stops it;
+- ``follow``: one look at a Job (state, queue, new lines, progress), paced by the task
+  (``TrainingJob``) or by a deferred task's trigger;
 - ``logs``: reading the pods' logs once each, and the failed pods' story;
 - ``cli``: ``python -m training.launch.kubernetes exec|tf-config|render``.
 

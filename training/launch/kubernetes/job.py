@@ -25,9 +25,13 @@ provider's ``KubernetesHook``), and:
 
 ``stop()`` deletes the Job (Kubernetes then stops the pods); safe from a signal handler.
 
+A deferred task splits ``run``: ``apply`` (1-3) in the task, the looks of step 4 in its
+trigger (``follower()``: a ``follow.JobFollower``, the same looks ``run`` makes), and
+``conclude`` (5) when the task resumes, with the pods' last lines the trigger read.
+
 Just over 300 lines on purpose: applying, following and stopping share the Job's state
-(its name, its clients, whether it was stopped) and are one idea; pod logs and the
-failure message are already in ``logs.py``.
+(its name, its clients, whether it was stopped) and are one idea; one look at a Job is
+``follow.py``'s, pod logs and the failure message are ``logs.py``'s.
 """
 
 from __future__ import annotations
@@ -39,39 +43,20 @@ from typing import Any
 
 from training.config import RunConfig
 from training.errors import LaunchError
-from training.launch.kubernetes.kueue import QueueWatch
+from training.launch.kubernetes.follow import (
+    JobFollower,
+    condition_text,
+    job_state,
+    read_job,
+    seed,
+)
 from training.launch.kubernetes.logs import PodWatch, api_error_text
 from training.launch.kubernetes.manifests import FINGERPRINT_KEY, render
 from training.launch.kubernetes.options import ENV_SHARED_PVC, KubernetesOptions
 
-TRANSIENT_STATUS = (429, 500, 502, 503, 504)
-MAX_TRANSIENT_ERRORS = 5
 DELETE_BACKGROUND = {"propagationPolicy": "Background"}
 PERMISSIONS = ("create and update on configmaps, create on services, create and delete on "
                "jobs, get on jobs/status, get and list on pods and pods/log")
-
-
-def _condition(job: Any, kind: str) -> Any:
-    for condition in (job.status and job.status.conditions) or []:
-        if condition.type == kind and condition.status == "True":
-            return condition
-    return None
-
-
-def job_state(job: Any) -> str:
-    """``succeeded``, ``failed`` or ``running`` from the Job's terminal conditions."""
-    if _condition(job, "Complete") is not None:
-        return "succeeded"
-    if _condition(job, "Failed") is not None:
-        return "failed"
-    return "running"
-
-
-def condition_text(job: Any) -> str:
-    condition = _condition(job, "Failed") or _condition(job, "Complete")
-    if condition is None:
-        return "no final condition"
-    return ": ".join(x for x in (condition.reason, condition.message) if x) or condition.type
 
 
 class TrainingJob:
@@ -104,9 +89,17 @@ class TrainingJob:
         follow the Job; raise ``LaunchError`` if it fails. ``new_batch`` makes the fresh
         ``BatchV1Api`` that ``stop()`` uses (default: a new client of ``batch``'s
         configuration)."""
-        self.core, self.batch, self.new_batch = core, batch, new_batch or self._new_batch
-        self.pods = PodWatch(core, self.namespace, self.name, self.options.failure_lines,
-                             self.log)
+        job = self.apply(core, batch, new_batch)
+        if job_state(job) != "succeeded":
+            job = self._follow(job)
+        self.pods.surface(job)
+        return self.conclude(job)
+
+    def apply(self, core: Any, batch: Any,
+              new_batch: Callable[[], Any] | None = None) -> Any:
+        """Dry run, ConfigMap, Service, then the Job created or found (``run``'s first
+        part, all a deferred task does before it hands the wait to its trigger)."""
+        self.attach(core, batch, new_batch)
         if self.stopped:
             raise LaunchError(f"Job {self.namespace}/{self.name} was stopped before it started")
         if self.options.shared_volume_claim is None:
@@ -117,17 +110,36 @@ class TrainingJob:
         self._dry_run_job()
         self._apply_config_map()
         self._apply_service()
-        job = self._create_or_reuse_job()
-        if job_state(job) != "succeeded":
-            job = self._follow(job)
-        self.pods.surface(job)
+        return self._create_or_reuse_job()
+
+    def attach(self, core: Any, batch: Any,
+               new_batch: Callable[[], Any] | None = None) -> None:
+        """Use these clients (``run`` and ``apply`` do; a resumed task, to conclude)."""
+        self.core, self.batch, self.new_batch = core, batch, new_batch or self._new_batch
+        self.pods = PodWatch(core, self.namespace, self.name, self.options.failure_lines,
+                             self.log)
+
+    def conclude(self, job: Any, tails: Mapping[str, list[str]] | None = None
+                 ) -> dict[str, Any]:
+        """The launch's XCom for a Job that succeeded; LaunchError naming the pod that
+        failed first, its reason, exit code and last lines (``tails``: those another
+        follower read, the trigger's) for one that failed."""
+        if tails:
+            seed(self.pods, tails)
         if job_state(job) == "failed":
             headline = (f"Kubernetes Job {self.namespace}/{self.name} failed "
                         f"({condition_text(job)})")
             raise LaunchError(self.pods.failure_message(headline, job))
+        if job_state(job) != "succeeded":
+            raise LaunchError(f"Job {self.namespace}/{self.name} has not ended "
+                              f"({condition_text(job)})")
         self.log.info("Job %s/%s succeeded", self.namespace, self.name)
         return {"run_id": self.cfg.run_id, "run_dir": os.fspath(self.cfg.run_dir()),
                 "job": self.name, "namespace": self.namespace}
+
+    def read(self) -> Any:
+        """The Job as it is now; LaunchError when it is gone."""
+        return read_job(self.batch, self.namespace, self.name)
 
     def _dry_run_job(self) -> None:
         from kubernetes.client.exceptions import ApiException
@@ -215,17 +227,7 @@ class TrainingJob:
         return existing
 
     def _read_job(self) -> Any:
-        from kubernetes.client.exceptions import ApiException
-
-        try:
-            return self.batch.read_namespaced_job_status(self.name, self.namespace)
-        except ApiException as exc:
-            if exc.status == 404:
-                raise LaunchError(
-                    f"Job {self.namespace}/{self.name} was deleted while the task followed "
-                    "it (the task was stopped, or someone deleted the Job)"
-                ) from None
-            raise
+        return read_job(self.batch, self.namespace, self.name)
 
     def _wait_deleted(self, timeout: float = 300.0) -> None:
         from kubernetes.client.exceptions import ApiException
@@ -248,42 +250,25 @@ class TrainingJob:
     # --- follow -----------------------------------------------------------------------
     def _follow(self, job: Any) -> Any:
         """Poll the Job until it succeeds or fails, copying pod output into the log."""
-        from kubernetes.client.exceptions import ApiException
-        from urllib3.exceptions import HTTPError
-
-        errors, last_progress = 0, None
-        queue = QueueWatch(self.options.kueue_queue, f"{self.namespace}/{self.name}",
-                           self.job["spec"]["completions"], self.log, self.clock)
-        queue.update(job)  # a new Job of a queue is suspended from the start
+        follower = self.follower(self.clock)
+        self.pods = follower.pods  # its lines' tails word a failure (conclude)
+        follower.start(job)
         while True:
             if self.stopped:
                 raise LaunchError(f"Job {self.namespace}/{self.name} was stopped")
             if job_state(job) != "running":
                 return job
             self.sleep(self.options.poll_interval)
-            try:
-                job = self._read_job()
-                queued = queue.update(job)
-                # While queued there are no pods (preempted ones may still be stopping:
-                # their last lines are kept), and no progress to tell.
-                self.pods.stream(job)
-                progress = None if queued else self.pods.progress(job)
-                errors = 0
-            except (ApiException, HTTPError, OSError) as exc:
-                status = getattr(exc, "status", None)
-                errors += 1
-                if (status is not None and status not in TRANSIENT_STATUS) or (
-                    errors > MAX_TRANSIENT_ERRORS
-                ):
-                    raise LaunchError(f"cannot read Job {self.namespace}/{self.name}: "
-                                      f"{api_error_text(exc)}") from None
-                self.log.warning("reading Job %s/%s failed (%s), try %d of %d",
-                                 self.namespace, self.name, api_error_text(exc), errors,
-                                 MAX_TRANSIENT_ERRORS)
-                continue
-            if progress is not None and progress != last_progress:
-                self.log.info("Job %s/%s: %s", self.namespace, self.name, progress)
-            last_progress = progress
+            job = follower.look() or job
+
+    def follower(self, clock: Callable[[], float] = time.monotonic,
+                 log: Any = None) -> JobFollower:
+        """A ``JobFollower`` of this Job on this launch's clients."""
+        return JobFollower(self.core, self.batch, self.namespace, self.name,
+                           workers=self.job["spec"]["completions"],
+                           failure_lines=self.options.failure_lines,
+                           kueue_queue=self.options.kueue_queue, log=log or self.log,
+                           clock=clock)
 
     # --- stop -------------------------------------------------------------------------
     def _new_batch(self) -> Any:
