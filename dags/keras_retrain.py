@@ -53,7 +53,7 @@ from airflow.sdk import (
     DeadlineReference,
 )
 
-from training.deployment import deadline_from_env, schedule_from_env
+from training.deployment import deadline_from_env, retry_delay_from_env, schedule_from_env
 from training_airflow.alerts import on_task_failure
 from training_airflow.approval import ApproveOperator
 from training_airflow.assets import LABELLED_DATA, PRODUCTION_MODEL, STAGED_DATASET
@@ -98,7 +98,8 @@ with DAG(
     default_args={
         "owner": "ml-platform",
         "retries": 2,
-        "retry_delay": timedelta(minutes=1),
+        # TRAINING_RETRY_DELAY_SECONDS (60; the tests set seconds), then doubled per retry.
+        "retry_delay": retry_delay_from_env(),
         "retry_exponential_backoff": 2.0,
         "max_retry_delay": timedelta(minutes=30),
         "execution_timeout": timedelta(hours=1),

@@ -25,7 +25,7 @@ from datetime import timedelta
 import pendulum
 from airflow.sdk import DAG, Param, task
 
-from training.deployment import aws_conn_id_from_env, landing_from_env
+from training.deployment import aws_conn_id_from_env, landing_from_env, retry_delay_from_env
 from training_airflow.assets import LABELLED_DATA
 
 INCOMING_DIR, DATA_URI = landing_from_env()
@@ -52,7 +52,8 @@ with DAG(
     default_args={
         "owner": "ml-platform",
         "retries": 2,
-        "retry_delay": timedelta(minutes=1),
+        # TRAINING_RETRY_DELAY_SECONDS (60; the tests set seconds), then doubled per retry.
+        "retry_delay": retry_delay_from_env(),
         "retry_exponential_backoff": 2.0,
         "max_retry_delay": timedelta(minutes=10),
         "execution_timeout": timedelta(minutes=30),

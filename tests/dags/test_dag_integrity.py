@@ -81,6 +81,8 @@ def test_every_dag_follows_the_house_rules(dagbag):
                 continue
             assert task.retries >= 1, task.task_id
             assert task.retry_exponential_backoff > 1, task.task_id
+            # TRAINING_RETRY_DELAY_SECONDS unset: a minute (the next test sets it)
+            assert task.retry_delay == timedelta(minutes=1), task.task_id
             assert isinstance(task.execution_timeout, timedelta), task.task_id
 
 
@@ -100,21 +102,35 @@ def test_schedule_is_nightly_by_default_or_on_landed_data(dag):
     assert dag.timetable.timetable.expression == "0 3 * * *"  # AssetOrTimeSchedule
 
 
-def test_schedule_is_overridable_and_a_wrong_store_does_not_break_parsing():
+def test_schedule_and_retry_delay_are_overridable_and_a_wrong_store_does_not_break_parsing():
     """The DAG files read only their own variables: a typo in the store URI or the size
-    limit fails the first task that needs them (next test), never the parsing."""
+    limit fails the first task that needs them (next test), never the parsing. The
+    retry delay (TRAINING_RETRY_DELAY_SECONDS) reaches every retried task of both DAGs
+    that declare it; a wrong one is their import error, naming it."""
     code = ("import os\nfrom airflow.dag_processing.dagbag import DagBag\n"
             "bag = DagBag(os.environ['AIRFLOW__CORE__DAGS_FOLDER'])\n"
-            "print(sorted(bag.import_errors), sorted(bag.dags))\n"
-            "print(bag.dags['keras_retrain'].timetable.timetable.expression)")
+            "print('errors:', sorted(bag.import_errors), sorted(bag.dags))\n"
+            "print('cron:', bag.dags['keras_retrain'].timetable.timetable.expression)\n"
+            "print('delays:', sorted({t.retry_delay.total_seconds() for d in "
+            "('keras_retrain', 'land_labelled_data') for t in bag.dags[d].tasks "
+            "if t.retries}))\n"
+            "os.environ['TRAINING_RETRY_DELAY_SECONDS'] = '0.5'\n"
+            "bag = DagBag(os.environ['AIRFLOW__CORE__DAGS_FOLDER'])\n"
+            "print('wrong:', sorted(os.path.basename(f) for f in bag.import_errors), "
+            "all('TRAINING_RETRY_DELAY_SECONDS must be a whole number of seconds' in e "
+            "for e in bag.import_errors.values()))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           env={**os.environ, "TRAINING_SCHEDULE": "30 1 * * 1-5",
-                               "TRAINING_STORE_URI": "gs://typo", "TRAINING_MAX_VERSION_MB": "x"},
+                               "TRAINING_STORE_URI": "gs://typo", "TRAINING_MAX_VERSION_MB": "x",
+                               "TRAINING_RETRY_DELAY_SECONDS": "7"},
                           timeout=300)
-    errors, cron = proc.stdout.strip().splitlines()[-2:]
-    assert errors.startswith("[] ["), proc.stderr[-2000:]
-    assert "'keras_retrain'" in errors and "'land_labelled_data'" in errors
-    assert cron == "30 1 * * 1-5"
+    said = dict(line.split(": ", 1) for line in proc.stdout.splitlines()
+                if line.startswith(("errors: ", "cron: ", "delays: ", "wrong: ")))
+    assert said.get("errors", "").startswith("[] ["), proc.stderr[-2000:]
+    assert "'keras_retrain'" in said["errors"] and "'land_labelled_data'" in said["errors"]
+    assert said["cron"] == "30 1 * * 1-5"
+    assert said["delays"] == "[7.0]", said
+    assert said["wrong"] == "['keras_retrain.py', 'land_labelled_data.py'] True", said
 
 
 def test_a_wrong_store_fails_the_task_at_once_and_routing_goes_on(dag, tmp_path,

@@ -35,6 +35,7 @@ from typing import Any
 
 import pytest
 from support.devstack import DAG_ID, quote
+from support.prodstack import RETRY_DELAY_S
 from support.prodstack import processes as prodstack_processes
 
 from training.train.resume import RESTORED_MARK
@@ -185,6 +186,10 @@ def test_a_trial_task_killed_mid_epoch_is_retried_and_resumes_its_trial(producti
     retry resumes the trial from its backup, under the same slot and the same Optuna
     trial (a kill leaves it running, nothing told), and the sweep publishes."""
     stack = production_stack
+    # The DAG the stack parsed retries after the stack's TRAINING_RETRY_DELAY_SECONDS
+    # (docs/configuration.md), not Airflow's minute: the retry below comes in seconds.
+    delay = stack.request("GET", f"/api/v2/dags/{DAG_ID}/tasks/trial")["retry_delay"]
+    assert (delay["days"], delay["seconds"]) == (0, RETRY_DELAY_S), delay
     conf = {**CONF, "epochs": 12, "early_stopping_patience": 12, "sweep_trials": 2,
             "sweep_parallel": 2, "sweep_sampler": "grid",
             "sweep_space": {"fit.learning_rate": {"choices": [1e-3, 3e-3]}}}

@@ -7,7 +7,9 @@ kills to inject a fault (found in ``/proc`` by their command lines, as a person 
 them with ``ps``). It runs two workers on the default queue (``TRAINING_STACK_DEFAULT_
 WORKERS=2``, what ``--default-workers 2`` does: the default queue's concurrency shared
 by two workers, as a deployment scaled out to two machines), so that a sweep's trials
-can be seen training on two workers at once.
+can be seen training on two workers at once, and a retry delay of ``RETRY_DELAY_S``
+seconds (``TRAINING_RETRY_DELAY_SECONDS``, docs/configuration.md; a minute by default):
+the fault tests wait on a retry after each fault, not on a minute of nothing.
 """
 
 from __future__ import annotations
@@ -31,6 +33,9 @@ from tools.standalone import descendants
 MODEL = "digits-mlp"
 RUN_TIMEOUT_S = 600.0
 DEFAULT_WORKERS = 2
+# A failed task's retry waits 10-20 s (Airflow adds jitter), the second 20-40 s: room
+# for a restarted worker or database, without a minute of nothing after every fault.
+RETRY_DELAY_S = 10
 
 
 def rehash(client: Any, version: str, model: str = MODEL, bucket: str = "models",
@@ -67,7 +72,8 @@ class DevStack(DevAirflow):
     ready_line = "The production stack is ready: "
 
     def __init__(self, root: Path, default_workers: int = DEFAULT_WORKERS) -> None:
-        super().__init__(root, {"TRAINING_STACK_DEFAULT_WORKERS": str(default_workers)})
+        super().__init__(root, {"TRAINING_STACK_DEFAULT_WORKERS": str(default_workers),
+                                "TRAINING_RETRY_DELAY_SECONDS": str(RETRY_DELAY_S)})
         self.port = free_port_block(span(default_workers))
         # The default queue's workers, by the names of their logs (tools/stack.py).
         self.default_workers = {"worker", *(f"worker-{n}"
