@@ -68,6 +68,12 @@ class LaunchError(TrainingError, RuntimeError):
             self.exit_status = exit_status
 
 
+class SweepRefused(LaunchError):
+    """A sweep's pick has nothing it may go on with: no trial completed, or more failed
+    than ``sweep.max_failed`` allows. Final: the trials have ended, and picking again
+    finds the same."""
+
+
 class WorkersFailed(LaunchError):
     """A worker of a local multi-worker run failed; ``exit_status`` is the status the
     launcher ends with (the failed worker's, as ``training.launch.local`` reports it)."""

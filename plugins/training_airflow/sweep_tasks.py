@@ -56,11 +56,19 @@ class PlanTrialsOperator(Step):
 
 def pick(operator: Any, cfg: Any, staged: Any, context: Any) -> dict[str, Any]:
     """``train`` after a sweep: the best trial's run as the run's trained model; its
-    frozen config handed on to the steps after (XCom ``config``)."""
+    frozen config handed on to the steps after (XCom ``config``). A sweep with nothing to
+    go on with fails the task without retries (its trials have ended: a retry would pick
+    the same), its message the pick's line naming each failed trial."""
+    from airflow.sdk.exceptions import AirflowFailException
+
     from training.config import frozen
+    from training.errors import SweepRefused
     from training.steps import sweep
 
-    chosen = sweep.pick(cfg, staged)
+    try:
+        chosen = sweep.pick(cfg, staged)
+    except SweepRefused as exc:
+        raise AirflowFailException(str(exc)) from exc
     handed = frozen.freeze(chosen)
     context["ti"].xcom_push(key=CONFIG_XCOM, value=handed)
     operator.log.info("the sweep's pick: %s (its frozen config %s)", chosen.run_id,

@@ -133,3 +133,38 @@ def test_a_trial_whose_values_its_model_refuses_fails_alone_and_the_sweep_publis
     assert "dropout" in failed[0]["error"].lower() or "rate" in failed[0]["error"].lower()
     assert sweep["counts"] == {"trials": 2, "complete": 1, "pruned": 0, "failed": 1,
                                "skipped": 0}
+
+
+def test_a_sweep_with_more_failures_than_allowed_fails_train_naming_each_one(
+        tmp_path, monkeypatch):
+    # The pick as the ``train`` task runs it, on a study whose trials ended (one
+    # completed, one failed): the task fails without retries, and its message is the
+    # pick's line, the failed trial with its values and its reason.
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from training.config import RunConfig
+    from training.data.snapshot.staging import StagedDataset
+    from training.steps import sweep
+    from training.sweep import study
+    from training_airflow.tasks import TrainOperator
+
+    monkeypatch.delenv("TRAINING_SWEEP_STORAGE", raising=False)
+    staged = {"name": "digits", "version": "1.0.0", "path": "/data/datasets/digits/1.0.0",
+              "staging_dir": "/data/datasets", "fingerprint": "1" * 64}
+    cfg = RunConfig.from_flat({
+        "run_id": "strict", "output_dir": str(tmp_path / "runs"), "sweep_trials": 2,
+        "sweep_sampler": "grid", "sweep_pruner": "none",
+        "sweep_space": {"fit.learning_rate": {"choices": [0.003, 0.01]}}})
+    opened = sweep.open_sweep(cfg, StagedDataset.from_dict(staged))
+    study.plan(opened)
+    good, bad = study.ask(opened, 0), study.ask(opened, 1)
+    study.tell(good, "complete", value=0.2)
+    study.tell(bad, "failed", reason="model 'mine' failed to build (ValueError: 13 units)")
+    with pytest.raises(AirflowFailException) as failed:
+        TrainOperator(task_id="train", staged=staged).work(cfg, {})
+    rate = bad.params["fit.learning_rate"]
+    assert str(failed.value) == (
+        "the sweep of run strict is refused: 1 trial failed, more than sweep.max_failed (0) "
+        "allows (2 trials: 1 complete, 0 pruned, 1 failed, 0 skipped); trial 1 "
+        f"(fit.learning_rate={rate}) failed: model 'mine' failed to build (ValueError: 13 "
+        "units)")

@@ -137,8 +137,9 @@ def test_failed_and_pruned_trials_are_recorded_and_the_sweep_still_publishes(
     assert config["model"]["args"]["dropout"] == best["params"]["model.args.dropout"]
     assert config["fit"]["learning_rate"] == best["params"]["fit.learning_rate"]
 
-    # The same sweep tolerating no failure: no winner, one error line naming each failed
-    # trial and why, and nothing published.
+    # The same sweep tolerating no failure: refused (a trial completed: not "no
+    # winner"), its last line naming each failed trial, its values and why, and nothing
+    # published.
     strict = tmp_path / "strict"
     strict.mkdir()
     proc = cli(strict, *_sweep(
@@ -148,15 +149,16 @@ def test_failed_and_pruned_trials_are_recorded_and_the_sweep_still_publishes(
         epochs=1), env=MODEL_ENV)
     assert proc.returncode == 1, tail(proc.stderr, 80)
     line = one_error_line(proc)
-    assert line.startswith("error: the sweep of run strict has no winner: 2 trials failed, "
-                           "more than sweep.max_failed (0)"), line
-    named = proc.stderr.split(line, 1)[1].splitlines()[1:3]
+    assert proc.stderr.rstrip().endswith(line), tail(proc.stderr, 5)
+    assert line.startswith("error: the sweep of run strict is refused: 2 trials failed, "
+                           "more than sweep.max_failed (0) allows (4 trials: "), line
     labels = _labels(proc.stderr, "strict")
     bad = sorted(n for n, label in labels.items() if "dropout=1.5" in label)
     assert len(bad) == 2, labels
-    assert [x.split(":", 1)[0].strip() for x in named] == [f"trial {n}" for n in bad], named
+    named = line.split("; ")[1:]
+    assert [x.split(" (", 1)[0] for x in named] == [f"trial {n}" for n in bad], named
     for x in named:
-        assert "failed to build" in x and "1.5" in x, x
+        assert "model.args.dropout=1.5)" in x and "failed to build" in x, x
     assert '"published"' not in proc.stdout
     assert not (strict / "var" / "store" / "models").exists()
 

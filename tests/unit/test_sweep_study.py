@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import multiprocessing
+import re
 import time
 from datetime import UTC, datetime, timedelta
 
@@ -15,7 +16,7 @@ import optuna
 import pytest
 
 from training.config.run import RunConfig
-from training.errors import LaunchError, StorageError
+from training.errors import LaunchError, StorageError, SweepRefused
 from training.sweep import study as sweeps
 from training.sweep.pick import pick
 from training.sweep.record import write_sweep_json
@@ -164,12 +165,21 @@ def test_the_pick_names_every_failure_when_none_completed_or_too_many_failed(tmp
     finish(sweep, 1, [0.3], state="pruned")
     finish(sweep, 2, [0.3])
     trials = sweeps.close(sweep)  # slot 3 never ran
-    with pytest.raises(LaunchError) as err:
+    with pytest.raises(SweepRefused) as err:
         pick(trials, sweep.cfg)
+    # One line, the one a command ends with: a trial completed, so no "no winner"; each
+    # failed trial with its values and its reason.
     message = str(err.value)
-    assert "the sweep of run night-1 has no winner: 2 trials failed, more than " \
-           "sweep.max_failed (1) (4 trials: 1 complete, 1 pruned, 2 failed" in message
-    assert "\n  trial 0: failed: boom\n  trial 3: failed: never started" in message
+    assert "\n" not in message and "no winner" not in message
+    assert message.startswith(
+        "the sweep of run night-1 is refused: 2 trials failed, more than "
+        "sweep.max_failed (1) allows (4 trials: 1 complete, 1 pruned, 2 failed, 0 skipped); "
+        "trial 0 ("), message
+    values = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                       for k, v in sorted(trials[0].params.items()))
+    assert f"; trial 0 ({values}) failed: boom; " in message, message
+    # A trial that never started drew no values.
+    assert message.endswith("; trial 3 failed: never started: its trial task did not run")
     lenient = dataclasses.replace(
         sweep.cfg, sweep=dataclasses.replace(sweep.cfg.sweep, max_failed=2))
     assert pick(trials, lenient).number == 2
@@ -177,6 +187,30 @@ def test_the_pick_names_every_failure_when_none_completed_or_too_many_failed(tmp
     finish(none, 0, [0.3], state="pruned")
     with pytest.raises(LaunchError, match="night-2 has no winner: no trial completed"):
         pick(sweeps.close(none), none.cfg)
+
+
+def test_the_pick_says_1_trial_and_cuts_many_failures_to_the_first_few(tmp_path):
+    one = sweeps.open_study(swept(tmp_path, "night-1", trials=2), "data-1")
+    sweeps.plan(one)
+    finish(one, 0, [0.3])
+    finish(one, 1, [0.3], state="failed")
+    with pytest.raises(SweepRefused, match=r"is refused: 1 trial failed, more than "
+                                           r"sweep\.max_failed \(0\) allows \(2 trials: "):
+        pick(sweeps.close(one), one.cfg)
+    many = sweeps.open_study(swept(tmp_path, "night-2", trials=8), "data-1")
+    sweeps.plan(many)
+    for slot in range(8):
+        handle = sweeps.ask(many, slot)
+        sweeps.tell(handle, "failed", reason=f"reason {slot} " + "x" * 500)
+    with pytest.raises(SweepRefused) as err:
+        pick(sweeps.close(many), many.cfg)
+    message = str(err.value)
+    assert message.startswith("the sweep of run night-2 has no winner: no trial completed "
+                              "(8 trials: 0 complete, 0 pruned, 8 failed, 0 skipped); ")
+    assert [int(n) for n in re.findall(r"trial (\d+) \(", message)] == [0, 1, 2]
+    assert message.endswith("; and 5 more failed trials")
+    assert len(message) < 1600  # each reason cut
+    assert "reason 2 xxx" in message and "x" * 400 not in message
 
 
 def test_a_continued_sweep_starts_from_the_previous_best_and_keeps_nights_apart(tmp_path):

@@ -117,17 +117,20 @@ def run_trial(cfg: RunConfig, staged: StagedDataset, slot: int, launch: Launch, 
         trial_cfg = trial.trial_config(cfg, slot, handle.params)
     except ConfigError as exc:  # values the config refuses together
         study.tell(handle, "failed", reason=str(exc))
+        _tracked_end(cfg, ended["run_id"], "failed", str(exc))
         raise TrialFailed(f"trial {slot} failed: {exc}") from exc
     try:
         launch(trial_cfg, ("--trial-of", os.fspath(base_config), "--trial", str(slot)))
     except ConfigError as exc:  # its values refused by the model or the machine
         study.tell(handle, "failed", reason=str(exc))
+        _tracked_end(cfg, ended["run_id"], "failed", str(exc))
         raise TrialFailed(f"trial {slot} failed: {exc}") from exc
     except LaunchError as exc:
         if getattr(exc, "exit_status", None) in STOPPED:
             study.tell(handle, "failed", reason=str(exc), final=False)
             raise  # stopped from outside: the retry resumes the trial from its backup
         study.tell(handle, "failed", reason=str(exc))
+        _tracked_end(cfg, ended["run_id"], "failed", str(exc))
         raise TrialFailed(f"trial {slot} failed: {exc}") from exc
     except BaseException as exc:  # a timeout, a kill of the task, the unforeseen: its
         # reason kept and the lane let go, the trial left for its retry to resume
@@ -135,9 +138,18 @@ def run_trial(cfg: RunConfig, staged: StagedDataset, slot: int, launch: Launch, 
         raise
     value = objective(trial_cfg)
     state = study.tell(handle, "complete", value=value)
+    _tracked_end(cfg, ended["run_id"], state)
     log.info("trial %d of run %s: %s, %s %s", slot, cfg.run_id, state,
              cfg.fit.early_stopping_monitor, value)
     return {**ended, "state": state, "value": value}
+
+
+def _tracked_end(cfg: RunConfig, run_id: str, state: str, reason: str = "") -> None:
+    """The trial's end state (complete, pruned, failed with its reason) on its child
+    run in MLflow, when tracking is on (``training.tracking``)."""
+    from training.tracking import tracker_from_env
+
+    tracker_from_env().end(cfg.model_name, run_id, state, reason, parent_run_id=cfg.run_id)
 
 
 def picked(sweep: Any) -> int | None:
@@ -165,7 +177,8 @@ def objective(cfg: RunConfig) -> float | None:
 
 def pick(cfg: RunConfig, staged: StagedDataset) -> RunConfig:
     """The best completed trial's config, its ``sweep.json`` written and recorded for
-    publishing (module doc); LaunchError naming every failure when there is no winner."""
+    publishing (module doc); SweepRefused, one line naming the failed trials, when none
+    completed or more than ``sweep.max_failed`` failed."""
     from training.sweep import engine, study, trial
     from training.sweep.pick import pick as best_of
     from training.sweep.record import SWEEP_JSON, counts, write_sweep_json
