@@ -8,13 +8,16 @@ configuration when first imported, so its environment is set here, at collection
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
+from support import order
 from support.s3server import S3Server
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -91,31 +94,16 @@ def airflow_db() -> str:
     return AIRFLOW_HOME
 
 
-LONGEST_FIRST = ("deploy/images", "deploy", "system", "tests/journeys/test_readme_commands.py")
-
-
-def _group(nodeid: str) -> str:
-    """A test's group: every system test is one group ("system"), every deployment test
-    another ("deploy": they share one ``./dev stack``), every image test a third
-    ("deploy/images": they share one engine and its images); an integration test is a group of
-    its own (they share nothing wider than the session, and the long ones spread over
-    both workers); any other test, its module (module fixtures, order)."""
-    module = nodeid.split("::")[0]
-    for folder in ("system", "deploy/images", "deploy"):
-        if module.startswith(f"tests/{folder}/"):
-            return folder
-    return nodeid if module.startswith("tests/integration/") else module
-
-
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
-    """``./dev test``'s two pytest-xdist workers get whole groups (``_group``), each run
-    on one worker, in order. (xdist's own ``loadgroup`` marks do nothing with pytest 9:
-    it renames ``item._nodeid``, which pytest 9 no longer reads.)"""
+    """``./dev test``'s two pytest-xdist workers get whole groups (``support.order.group``:
+    system, deploy, deploy/images, an integration test, else a module), each run on one
+    worker, in order. (xdist's own ``loadgroup`` marks do nothing with pytest 9: it
+    renames ``item._nodeid``, which pytest 9 no longer reads.)"""
     from xdist.scheduler import LoadScopeScheduling
 
     class ByGroup(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return _group(nodeid)
+            return order.group(nodeid)
 
     # In collection order (pytest_collection_modifyitems puts the longest first), not
     # xdist's default of the groups with the most tests first: those are quick ones.
@@ -128,7 +116,9 @@ DAG_CHECKS_JOURNEY = ("tests/journeys/test_readme_commands.py::"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The two longest groups (minutes each) first, so that they do not start last.
+    """The longest first (``support.order``: modules and the wide groups by their seconds
+    in ``tests/durations.json``, each one's tests together and in their order), so that
+    no long one starts last and the two workers end together.
 
     When the DAG-checks journey is selected, the fast ``tests/dags`` tests are not run a
     second time in this session: that journey runs exactly them (the README's ``./dev test
@@ -140,5 +130,35 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if twice:
             config.hook.pytest_deselected(items=twice)
             items[:] = [item for item in items if item not in twice]
-    items.sort(key=lambda item: LONGEST_FIRST.index(_group(item.nodeid))
-               if _group(item.nodeid) in LONGEST_FIRST else len(LONGEST_FIRST))
+    ranked = order.order([item.nodeid for item in items], order.known_seconds())
+    items[:] = [items[index] for index in ranked]
+
+
+# Every test's seconds (setup + call + teardown) and the session's wall time, written by
+# the run that reports them (the xdist controller, or the one process with -n 0) to
+# $TEST_DURATIONS_FILE, else <root>/artifacts/test-durations.json: bench/suite_budget.py reads
+# them (the budget) and refreshes tests/durations.json from them (the order).
+_SECONDS: dict[str, float] = {}
+_STARTED = time.monotonic()  # this file is read first: TensorFlow's import counts too
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _SECONDS[report.nodeid] = _SECONDS.get(report.nodeid, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if hasattr(session.config, "workerinput") or not _SECONDS:
+        return  # an xdist worker: its controller saw the same reports and writes them
+    # Under this run's own root: a run inside a clone (a journey's) writes the clone's.
+    path = Path(os.environ.get("TEST_DURATIONS_FILE")
+                or session.config.rootpath / "artifacts" / "test-durations.json")
+    record = {"wall_s": round(time.monotonic() - _STARTED, 1),
+              "workers": session.config.getoption("numprocesses", None) or 0,
+              "exitstatus": int(exitstatus), "finished": time.time(),
+              "args": list(session.config.invocation_params.args),
+              "tests": {k: round(v, 2) for k, v in _SECONDS.items()}}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(record, indent=1) + "\n")
+    except OSError as exc:  # the durations never fail the run
+        print(f"\nnote: test durations not written to {path}: {exc}", file=sys.stderr)
