@@ -17,7 +17,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from training import backend, layout
+from training import run_extras as extras
 from training.config import SECTIONS, FieldSpec, RunConfig, flat_fields, json_schema
+from training.deployment import tracking_uri_from_env
 from training.entry import run_command
 from training.errors import ConfigError
 from training.locks import claim_run
@@ -124,10 +126,15 @@ def build_parser() -> argparse.ArgumentParser:
     # Listed here for --help; main() hands `data ...` to training.data.sources.landing whole.
     sub.add_parser("data", help="The team's data: `data demo` writes the digits as daily "
                    "partitions, `data land` lands one partition (data --help).")
-    models = sub.add_parser("models", help="List, show, promote or roll back model versions.",
-                            description="Read and move the model registry in a store.",
+    models = sub.add_parser("models", help="List, show, promote or roll back model versions; "
+                            "repair the MLflow mirror (sync-mlflow).",
+                            description="Read and move the model registry in a store. "
+                            "sync-mlflow registers every version in the MLflow tracking "
+                            "server (TRAINING_MLFLOW_TRACKING_URI) and sets each model's "
+                            "champion alias from production.json.",
                             allow_abbrev=False)
-    models.add_argument("action", choices=["list", "show", "promote", "rollback"])
+    models.add_argument("action", choices=["list", "show", "promote", "rollback",
+                                           "sync-mlflow"])
     models.add_argument("--store-uri", default=_default("store_uri"),
                         help="s3://bucket/prefix, file:///path or a local path")
     models.add_argument("--name", help="model name (all models for list)")
@@ -181,6 +188,7 @@ def execute(args: argparse.Namespace) -> int:
     if args.command == "train" and (args.trial is None) != (args.trial_of is None):
         raise ConfigError(f"--trial-of and --trial go together, got --trial-of "
                           f"{args.trial_of!r} and --trial {args.trial!r}")
+    tracking_uri_from_env()  # a malformed tracking URI: exit 2 before anything is staged
     # One Keras backend per process, set before Keras is imported: the run's for
     # `train` (a JAX process imports no TensorFlow); TensorFlow for the steps that
     # stage with tensorflow-datasets and export SavedModels (training.backend).
@@ -216,8 +224,13 @@ def _run_steps(args: argparse.Namespace, cfg: RunConfig, staged: Any) -> int:
     (``training.steps``); each prints its result as one JSON line."""
     from training.registry.versions import open_registry
     from training.steps import evaluate, promote, publish, train, validate
+    from training.sweep.record import SWEEP_JSON
+    from training.tracking import tracked_registry, tracker_from_env
 
-    data_stats = _data_stats(getattr(args, "data_stats", None))
+    data_stats = extras.data_stats(getattr(args, "data_stats", None))
+    tracker, pipeline_run = tracker_from_env(), cfg.run_id  # a sweep's picked trial is
+    if args.command in ("train", "run"):  # evaluated, published... on its sweep's run
+        tracker.start(cfg, parent_run_id=extras.trial_of(args, cfg, staged))
     if args.command in ("validate", "run"):
         checked = validate.validate_data(cfg, staged, open_registry(cfg.storage.store_uri))
         print(json.dumps({"validation": {k: v for k, v in checked.items()
@@ -229,14 +242,16 @@ def _run_steps(args: argparse.Namespace, cfg: RunConfig, staged: Any) -> int:
         from training.launch.trials import run_sweep
 
         cfg = run_sweep(cfg, staged)  # the picked trial's: evaluated, published, promoted
+        tracker.log_files(cfg.model_name, pipeline_run,
+                          {"": layout.model_dir(cfg.run_dir()) / SWEEP_JSON})
         print(json.dumps({"sweep": {"picked": cfg.run_id, "run_dir": str(cfg.run_dir())}}))
     elif args.command in ("train", "run"):
-        print(json.dumps({"trained": train.train(cfg, staged,
-                                                 extra_callbacks=_trial_callbacks(args, cfg,
-                                                                                  staged))}))
+        callbacks = [*extras.trial_callbacks(args, cfg, staged),
+                     *extras.tracking_callbacks(tracker, cfg)]
+        print(json.dumps({"trained": train.train(cfg, staged, extra_callbacks=callbacks)}))
     if args.command == "train" and not (args.evaluate and cluster.is_chief(cluster.current())):
         return 0  # in a multi-worker run, only the chief evaluates
-    registry = open_registry(cfg.storage.store_uri)
+    registry = tracked_registry(cfg.storage.store_uri)
     if args.command in ("train", "evaluate", "run"):
         evaluation = evaluate.evaluated(
             cfg, staged, registry, data_stats=data_stats,
@@ -245,36 +260,19 @@ def _run_steps(args: argparse.Namespace, cfg: RunConfig, staged: Any) -> int:
         print(json.dumps({"evaluation": str(layout.model_dir(cfg.run_dir()) / layout.EVALUATION),
                           "test_accuracy": evaluation["challenger"]["accuracy"],
                           "decision": evaluation["decision"]}))
+        tracker.log_evaluation(cfg.model_name, pipeline_run, evaluation)
+        report = layout.model_dir(cfg.run_dir()) / layout.REPORT_DIR
+        tracker.log_files(cfg.model_name, pipeline_run, {layout.REPORT_DIR: report})
     if args.command in ("publish", "run"):
         evaluate.read_evaluation(cfg)  # evaluated first: says so if not
         started = publish.started_at(cfg)
-        print(json.dumps({"published": publish.publish(cfg, registry, created=started)}))
+        published = publish.publish(cfg, registry, created=started)
+        print(json.dumps({"published": published}))
+        tracker.set_tags(cfg.model_name, pipeline_run, {"published.version": cfg.run_id})
+        tracker.registered(cfg.model_name, cfg.run_id, registry.store.uri, run_id=pipeline_run)
         print(json.dumps({"promotion": promote.promote(cfg, registry, at=started)}))
+        tracker.end(cfg.model_name, pipeline_run, "complete")
     return 0
-
-
-def _trial_callbacks(args: argparse.Namespace, cfg: RunConfig, staged: Any) -> list[Any]:
-    """A sweep trial's pruning callback (``--trial-of``, ``--trial``); none otherwise."""
-    if getattr(args, "trial", None) is None:
-        return []
-    from training.steps import sweep
-
-    base = sweep.base_of(args.trial_of, cfg, args.trial)
-    return sweep.pruning_callbacks(base, staged, args.trial)
-
-
-def _data_stats(path: str | None) -> dict[str, Any] | None:
-    if not path:
-        return None
-    try:
-        with open(path) as file:
-            stats = json.load(file)
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"--data-stats {path} is not readable JSON ({exc})") from None
-    if not isinstance(stats, dict):
-        raise ConfigError(f"--data-stats {path} must hold a JSON object, got "
-                          f"{type(stats).__name__}")
-    return stats
 
 
 def _clean_staging(args: argparse.Namespace) -> int:

@@ -53,6 +53,10 @@ Variables (empty counts as unset):
 - ``TRAINING_DEFERRABLE``: whether tasks that wait on work outside Airflow (a Kubernetes
   Job, a sweep's lane) hand the wait to the triggerer (``true``; as Airflow's
   ``[operators] default_deferrable``, docs/kubernetes-airflow.md).
+
+Why one module of about 310 lines: it is the list above, each variable read with its
+default and its check in one place, so that a platform team (and docs/configuration.md)
+finds every setting here; split, two readers of the environment could disagree.
 """
 
 from __future__ import annotations
@@ -63,7 +67,6 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
-
 from urllib.parse import urlsplit
 
 from training.errors import ConfigError, StorageError
@@ -135,8 +138,7 @@ class Deployment:
             alert_email_conn_id=alert_conn_ids_from_env(env)[0],
             alert_webhook_conn_id=alert_conn_ids_from_env(env)[1],
             tracking_uri=tracking_uri_from_env(env),
-            serving_keep=_whole_number(read, "TRAINING_SERVING_KEEP", DEFAULT_SERVING_KEEP,
-                                       "folders"),
+            serving_keep=serving_keep_from_env(env),
         )
 
     def run_settings(self) -> dict[str, Any]:
@@ -246,6 +248,12 @@ def _whole_number(read: _Environment, name: str, default: int, unit: str) -> int
         raise ConfigError(f"{name} must be a whole number of {unit} from 1, "
                           f"got {text!r}") from None
     return value
+
+
+def serving_keep_from_env(env: Mapping[str, str] | None = None) -> int:
+    """How many folders the serving layout keeps (``TRAINING_SERVING_KEEP``, default 5)."""
+    return _whole_number(_Environment(env), "TRAINING_SERVING_KEEP", DEFAULT_SERVING_KEEP,
+                         "folders")
 
 
 def retry_delay_from_env(env: Mapping[str, str] | None = None) -> timedelta:

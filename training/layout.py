@@ -15,12 +15,15 @@ step after it::
       report/index.html           the report built from the four JSON files
       tensorboard/                event files
       trained.json                written last: training finished, the model is whole
+      MLmodel                     written at publish: the version is an MLflow model
 
 The store (a local directory or ``s3://bucket/prefix``)::
 
     models/<name>/versions/<version>/<files of model/...>
     models/<name>/versions/<version>/manifest.json     written last: the version exists
     models/<name>/production.json                      the pointer and its history
+    serving/<name>/<N>/saved_model.pb ...              production for TF Serving, KServe:
+    serving/<name>/serving.json                        N rises with every move of the pointer
 
 A staged dataset lives under ``<staging_dir>/<name>/<version>/`` with
 ``staging-manifest.json`` beside tensorflow-datasets' own files; a team's snapshot
@@ -77,6 +80,7 @@ AIRFLOW_RECORDS = "airflow"  # what each DAG task did (training_airflow/records.
 BEST_CHECKPOINT = ("checkpoints", "best.keras")
 MODEL_DIR = "model"
 MODEL_FILE = "model.keras"
+MLMODEL = "MLmodel"  # written at publish: the version is an MLflow model (tracking/mlmodel.py)
 SAVED_MODEL_DIR = "saved_model"
 HISTORY_CSV = "history.csv"
 RUN = "run.json"
@@ -115,6 +119,18 @@ def versions_prefix(name: str) -> str:
 def pointer_key(name: str) -> str:
     """The key of a model's production pointer."""
     return f"{MODELS_PREFIX}{name}/{POINTER}"
+
+
+SERVING_PREFIX = "serving/"
+SERVING_INDEX = "serving.json"
+SAVED_MODEL_PB = "saved_model.pb"
+
+
+def serving_prefix(name: str, number: int | None = None) -> str:
+    """The serving layout's base path of ``name`` (TF Serving's ``model_base_path``), or
+    the folder of version ``number`` in it (``training.registry.serving``)."""
+    base = f"{SERVING_PREFIX}{name}/"
+    return base if number is None else f"{base}{number}/"
 
 
 def version_key(name: str, version: str, filename: str) -> str:

@@ -17,7 +17,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 from training.errors import ERROR_EXIT, ConfigError
-from training.registry import open_store
 from training.registry.versions import ModelRegistry
 
 log = logging.getLogger("training")
@@ -39,8 +38,18 @@ def check_args(args: argparse.Namespace) -> None:
 def models(args: argparse.Namespace) -> int:
     """Run one ``models`` action; the exit status."""
     check_args(args)
-    registry = ModelRegistry(open_store(args.store_uri))
+    from training.tracking import tracked_registry, tracker_from_env
+
+    registry = tracked_registry(args.store_uri)
     now = datetime.now(UTC).isoformat(timespec="seconds")  # a person's action, not a retry
+    if args.action == "sync-mlflow":
+        tracker = tracker_from_env()
+        if not tracker.enabled:
+            raise ConfigError("models sync-mlflow needs a tracking server: set "
+                              "TRAINING_MLFLOW_TRACKING_URI (or MLFLOW_TRACKING_URI)")
+        out = tracker.sync(registry)
+        print(json.dumps(out, indent=2))
+        return ERROR_EXIT if "error" in out else 0
     if args.action == "list":
         out = _listed(registry, args.name)
     elif args.action == "show":

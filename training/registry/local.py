@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -146,6 +147,18 @@ class FileStore(Store):
             raise StorageError(
                 f"cannot upload {local_path} to {key!r} in {self.uri}: {exc}"
             ) from exc
+
+    def delete(self, key: str) -> None:
+        path = self._path(key)
+        try:
+            path.unlink(missing_ok=True)
+            parent = path.parent
+            while parent != self.root and not any(
+                    not p.name.startswith(INTERNAL_MARK) for p in parent.iterdir()):
+                shutil.rmtree(parent)  # an empty folder (or one of lock files) goes too
+                parent = parent.parent
+        except OSError as exc:
+            raise StorageError(f"cannot delete {key!r} in {self.uri}: {exc}") from exc
 
     def get_file(self, key: str, local_path: str | os.PathLike[str]) -> None:
         src = self._path(key)

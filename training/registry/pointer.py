@@ -16,7 +16,8 @@ that moved nothing before anything was promoted leaves a pointer whose ``version
 None.
 
 ``ProductionPointer`` is a mixin of ``ModelRegistry`` (``versions.py``): it uses the
-registry's ``store``, ``check_model``, ``verify`` and ``check_runs``.
+registry's ``store``, ``check_model``, ``serving_keep``, ``followers``, ``verify`` and
+``check_runs``.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from training.data.manifest import dumps
 from training.errors import ConflictError, IntegrityError, RegistryError, shown
 from training.files import sha256_bytes
 from training.layout import RUN, pointer_key, validate_name, version_key
+from training.registry.serving import ServingLayout
 
 __all__ = ["ProductionPointer", "check_run_id", "check_time"]
 
@@ -137,7 +139,7 @@ class ProductionPointer:
         pointer, etag = self._read_pointer(name)
         current = None if pointer is None else pointer["version"]
         if current == version:  # checked first: a retried promotion is a no-op
-            return pointer
+            return self._moved(name, pointer)  # ... but finishes what followed the move
         if expected_current is not self._UNSET and expected_current != current:
             raise ConflictError(
                 f"production of model {name!r} moved: the decision to promote {version!r} "
@@ -162,8 +164,18 @@ class ProductionPointer:
                   "reason": reason, "forced": bool(forced), "action": action,
                   **({"by": by} if by else {}),
                   **({"warm_started_from": origin} if origin else {})}
-        return self._write_pointer(name, pointer, etag, version, record,
-                                   f"promotion of model {name!r} to {version!r}")
+        return self._moved(name, self._write_pointer(
+            name, pointer, etag, version, record, f"promotion of model {name!r} to {version!r}"))
+
+    def _moved(self, name: str, pointer: dict[str, Any]) -> dict[str, Any]:
+        """Every move of the pointer (a promotion, a rollback, from the pipeline, the
+        Models page or the CLI) ends here: production pushed to the serving layout
+        (``serving.py``; a failure fails the call, and calling again finishes it), then
+        each follower told (the MLflow mirror: it never fails a promotion)."""
+        ServingLayout(self.store, self.serving_keep).push(name, pointer)
+        for follower in self.followers:
+            follower.pointer_moved(name, pointer, self.store.uri)
+        return pointer
 
     def _warm_started_from(self, name: str, version: str) -> str | None:
         """The production version ``version``'s training started from (its

@@ -297,6 +297,13 @@ class S3Store(Store):
         except OSError as exc:
             raise StorageError(f"cannot upload {local_path} to {key!r}: {exc}") from exc
 
+    def delete(self, key: str) -> None:
+        client_error, other_errors = self._calls()
+        try:
+            self._client.delete_object(Bucket=self.bucket, Key=self._key(key), **self._owner())
+        except (client_error, *other_errors) as exc:
+            raise self._fail("delete", key, exc) from exc
+
     def get_file(self, key: str, local_path: str | os.PathLike[str]) -> None:
         _, other_errors = self._calls()
         response = self._get(key)

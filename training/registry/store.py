@@ -107,6 +107,11 @@ class Store(ABC):
         return sorted({key[len(prefix):].split("/", 1)[0] for key in self.list(prefix)
                        if "/" in key[len(prefix):]})
 
+    def delete(self, key: str) -> None:
+        """Remove the object at ``key`` (nothing there: nothing to do). Only the serving
+        layout's retention deletes; the registry's versions are never deleted."""
+        raise StorageError(f"{type(self).__name__} does not delete objects ({key!r})")
+
     def exists(self, key: str) -> bool:
         return self.head(key) is not None
 

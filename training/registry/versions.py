@@ -59,13 +59,18 @@ MANIFEST_FORMAT = 1
 class ModelRegistry(ProductionPointer, ModelLoading):
     """Versions, manifests, the production pointer and rollback for named models."""
 
-    def __init__(self, store: Store, *, check_model: bool = True):
+    def __init__(self, store: Store, *, check_model: bool = True, serving_keep: int = 5,
+                 followers: Sequence[Any] = ()):
         """``check_model``: promotion loads the version's model with Keras
         (``safe_mode=True``) and runs it on a few inputs of its shape before the pointer
         moves (``check_runs``). Only tests of the pointer itself, on stores of fake
-        files, turn it off."""
+        files, turn it off. ``serving_keep``: the serving layout's folders kept
+        (``serving.py``). ``followers``: told of every move of the pointer
+        (``pointer_moved(name, pointer)``; the MLflow mirror, ``training.tracking``)."""
         self.store = store
         self.check_model = check_model
+        self.serving_keep = serving_keep
+        self.followers = tuple(followers)
 
     def __repr__(self) -> str:
         return f"ModelRegistry({self.store!r})"
@@ -323,7 +328,9 @@ class ModelRegistry(ProductionPointer, ModelLoading):
         return str(dest)
 
 
-def open_registry(store_uri: str, options: S3Options | None = None) -> ModelRegistry:
+def open_registry(store_uri: str, options: S3Options | None = None, *, serving_keep: int = 5,
+                  followers: Sequence[Any] = ()) -> ModelRegistry:
     """The registry on the store ``store_uri`` names (S3 options from the caller, else
     boto3's chain): the one way the steps, the CLI and the plugin open it."""
-    return ModelRegistry(open_store(store_uri, options))
+    return ModelRegistry(open_store(store_uri, options), serving_keep=serving_keep,
+                         followers=followers)

@@ -4,7 +4,9 @@ A version picked by a hyperparameter sweep carries ``sweep.json`` (written by
 ``training.sweep.record``) among its files. This module reads that document leniently
 (a field it lacks leaves a dash, never an error: the report must build from any
 version's files) into what the section shows: the line "best of N trials (k pruned,
-f failed)", the objective, the best trial's values, the study, and one row per trial.
+f failed)", the objective, the best trial's values and run id (never its run directory:
+a path on the machine that trained it, kept in ``sweep.json``), the space searched, the
+study, and one row per trial.
 The Models page shows the same line beside the version, so ``trials_line`` is its one
 wording. The plots are ``sweep_plots``'s.
 """
@@ -14,12 +16,13 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import PurePath
 from typing import Any
 
 from training.config.sections import monitor_rises
 
-__all__ = ["SWEEP_ANCHOR", "Trial", "best_number", "duration_text", "maximized", "sweep_section",
-           "trials", "trials_line", "value_text"]
+__all__ = ["SWEEP_ANCHOR", "Trial", "best_number", "duration_text", "maximized", "run_id_of",
+           "searched", "space_text", "sweep_section", "trials", "trials_line", "value_text"]
 
 # The section's id in index.html: the Models page links the version's line to it.
 SWEEP_ANCHOR = "sweep"
@@ -37,6 +40,7 @@ class Trial:
     duration_s: float | None
     error: str
     continued_from: str
+    run_id: str
 
 
 def _count(value: Any) -> int | None:
@@ -105,8 +109,45 @@ def trials(doc: Mapping[str, Any]) -> list[Trial]:
             params=dict(params) if isinstance(params, Mapping) else {},
             duration_s=_real(entry.get("duration_s")),
             error=str(entry.get("error") or ""),
-            continued_from=str(entry.get("continued_from") or "")))
+            continued_from=str(entry.get("continued_from") or ""),
+            run_id=run_id_of(entry)))
     return sorted(found, key=lambda t: t.number)
+
+
+def run_id_of(entry: Mapping[str, Any]) -> str:
+    """A trial's run id: ``run_id``, or (a ``sweep.json`` written before it was kept)
+    the last part of its ``run_dir``, which is ``<runs directory>/<run id>``."""
+    if entry.get("run_id"):
+        return str(entry["run_id"])
+    run_dir = entry.get("run_dir")
+    return PurePath(run_dir).name if isinstance(run_dir, str) else ""
+
+
+def searched(doc: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+    """The space searched (``space``: each field's distribution as the config wrote it);
+    {} for a ``sweep.json`` without one."""
+    space = doc.get("space")
+    if not isinstance(space, Mapping):
+        return {}
+    return {str(name): spec for name, spec in space.items() if isinstance(spec, Mapping)}
+
+
+def space_text(spec: Mapping[str, Any]) -> str:
+    """A distribution in words: ``0.0003 to 0.03, log scale``, ``16 to 256, step 32``,
+    ``one of 32, 64``."""
+    choices = spec.get("choices")
+    if isinstance(choices, (list, tuple)):
+        return "one of " + ", ".join(value_text(c) for c in choices)
+    for kind in ("float", "int"):
+        bounds = spec.get(kind)
+        if isinstance(bounds, (list, tuple)) and len(bounds) == 2:
+            text = f"{value_text(bounds[0])} to {value_text(bounds[1])}"
+            if spec.get("log"):
+                text += ", log scale"
+            if spec.get("step") is not None:
+                text += f", step {value_text(spec['step'])}"
+            return text
+    return str(dict(spec))
 
 
 def best_number(doc: Mapping[str, Any]) -> int | None:
@@ -154,12 +195,13 @@ def sweep_section(doc: Mapping[str, Any], images: Mapping[str, str | None]) -> d
         params = best.get("params") if isinstance(best.get("params"), Mapping) else {}
         best_values = {"trial": best_no, monitor: _real(best.get("value")),
                        **{name: value_text(value) for name, value in params.items()},
-                       "run directory": best.get("run_dir")}
+                       "run id": run_id_of(best) or None}
     continued = any(t.continued_from for t in listed)
     return {
         "line": trials_line(doc.get("counts")),
         "objective": f"{monitor}, {'higher' if maximized(doc) else 'lower'} is better",
         "best": best_values,
+        "space": {name: space_text(spec) for name, spec in searched(doc).items()},
         "study": {"storage": study.get("storage"), "study": study.get("name")},
         "headers": ["trial", "state", monitor, "epochs run", "duration", "values", "error",
                     *(["continued from"] if continued else [])],

@@ -2,7 +2,8 @@
 
 ``publish`` uploads exactly what the steps before recorded of the run's ``model/``
 (``training.produced``; a file nobody recorded is left out and named) as version
-``<run_id>`` (``training.registry.versions``), with the evaluation's metrics. Already
+``<run_id>`` (``training.registry.versions``), with the evaluation's metrics and an
+``MLmodel`` file that makes the version folder an MLflow model (``training.tracking``). Already
 done for this run? The registry's own rule: identical bytes under the same version are
 a no-op, so a retry completes an interrupted upload, and other bytes are refused.
 """
@@ -22,6 +23,7 @@ from training.locks import claim_run
 from training.registry.versions import ModelRegistry
 from training.steps import run_dir_of
 from training.steps.evaluate import read_evaluation
+from training.tracking.mlmodel import write_mlmodel
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +41,10 @@ def publish(cfg: RunConfig, registry: ModelRegistry, *, created: str,
     with claim_run(run_dir, cfg.run_id):
         evaluation = read_evaluation(cfg, run_dir)
         metrics = {k: evaluation["challenger"][k] for k in ("accuracy", "loss", "macro_f1")}
+        # The version is an MLflow model where it lies (training.tracking.mlmodel)
+        write_mlmodel(model_dir(run_dir), run_id=cfg.run_id, created=created,
+                      backend=cfg.runtime.backend)
+        produced.record(run_dir, "publish", [layout.MLMODEL])
         manifest = registry.publish(cfg.model_name, cfg.run_id, model_dir(run_dir),
                                     run_id=cfg.run_id, created=created, metrics=metrics,
                                     source=source, max_bytes=cfg.storage.max_version_mb << 20,

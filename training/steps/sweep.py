@@ -191,7 +191,8 @@ def pick(cfg: RunConfig, staged: StagedDataset) -> RunConfig:
     run_dir = chosen.run_dir()
     write_sweep_json(layout.model_dir(run_dir), records, best, storage=sweep.shown,
                      study=sweep.study.study_name, objective=cfg.fit.early_stopping_monitor,
-                     direction=engine.direction(cfg.fit.early_stopping_monitor))
+                     direction=engine.direction(cfg.fit.early_stopping_monitor),
+                     space=cfg.sweep.space)
     produced.record(run_dir, "sweep", [SWEEP_JSON])
     tally = counts(records)
     log.info("sweep of run %s: best of %d trials (%d pruned, %d failed) is trial %d, %s "

@@ -19,6 +19,7 @@ import random
 import time
 from collections.abc import Mapping
 from datetime import datetime
+from pathlib import PurePath
 from typing import Any
 
 import optuna
@@ -82,12 +83,14 @@ def previous_best(study: optuna.Study, run_id: str, maximize: bool) -> FrozenTri
 
 def record(trial: FrozenTrial | None, slot: int, run_dir: str,
            data_fingerprint: str) -> TrialRecord:
-    """A slot's current trial as ``sweep.json`` holds it."""
+    """A slot's current trial as ``sweep.json`` holds it (its run id: ``run_dir``'s
+    last part)."""
+    run_id = PurePath(run_dir).name
     if trial is None:
         return TrialRecord(number=slot, optuna_number=None, attempt=0, params={},
                            state="waiting", value=None, epochs={}, duration_s=None,
                            run_dir=run_dir, error="never planned nor asked",
-                           data_fingerprint=data_fingerprint)
+                           data_fingerprint=data_fingerprint, run_id=run_id)
     start, end = trial.datetime_start, trial.datetime_complete
     return TrialRecord(
         number=slot, optuna_number=trial.number, attempt=trial.user_attrs.get(ATTEMPT, 0),
@@ -96,7 +99,7 @@ def record(trial: FrozenTrial | None, slot: int, run_dir: str,
         duration_s=(end - start).total_seconds() if start and end else None,
         run_dir=run_dir, error=trial.user_attrs.get(ERROR, ""),
         data_fingerprint=trial.user_attrs.get(DATA, ""),
-        continued_from=trial.user_attrs.get(FROM, ""))
+        continued_from=trial.user_attrs.get(FROM, ""), run_id=run_id)
 
 
 def training(study: optuna.Study, run_id: str) -> list[FrozenTrial]:
