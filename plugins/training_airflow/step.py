@@ -47,6 +47,9 @@ class Step(BaseOperator):
     imports: tuple[str, ...] = ()
     builds_config = False  # the run's first step: builds, checks and freezes the config
     launch: Any = None  # what the step started (training.launch: run, then stop on kill)
+    deferrable = False  # TRAINING_DEFERRABLE, read as the step starts (read_deferrable)
+    event: Any = None  # the trigger's event, when the task resumed from a deferral
+    entered_at = 0.0  # epoch second this execution of the step started
     deployment: Deployment  # this worker's (training.deployment), read as the step starts
     frozen: dict[str, str]  # the run's frozen config file: {"path", "sha256"}
 
@@ -81,20 +84,32 @@ class Step(BaseOperator):
             self.launch.stop()
 
     def execute(self, context: Any) -> Any:
+        return self._step(context)
+
+    def resume(self, context: Any, event: Any = None) -> Any:
+        """The task back from its trigger (``defer(method_name="resume")``): the step
+        again, ``self.event`` the trigger's event, which the launch it deferred from
+        takes up (``launchers.py``, ``sweep_tasks.py``)."""
+        self.event = event
+        return self._step(context)
+
+    def _step(self, context: Any) -> Any:
         import importlib
         import time
         from datetime import UTC, datetime
 
-        from airflow.sdk.exceptions import AirflowSkipException
+        from airflow.sdk.exceptions import AirflowSkipException, TaskDeferred
 
         from training_airflow import records
 
         entered = datetime.now(UTC)
+        self.entered_at = time.time()
         began = time.perf_counter()
         for module in self.imports:
             importlib.import_module(module)
         imported = time.perf_counter() - began
         self.deployment = self.read_deployment()
+        self.deferrable = self.read_deferrable()
         cfg = self.run_config(context)
         ti, dag_run = context.get("ti"), context.get("dag_run")
         if ti is None or dag_run is None or not self.has_dag():
@@ -113,6 +128,10 @@ class Step(BaseOperator):
 
         try:
             value = self.work(cfg, context)
+        except TaskDeferred:  # handed to the triggerer: the record waits for the end
+            self.log.info("deferred: the wait goes on in the triggerer, holding no worker "
+                          "slot; the task resumes when it ends")
+            raise
         except AirflowSkipException as exc:
             record("skipped", str(exc))
             raise
@@ -131,6 +150,21 @@ class Step(BaseOperator):
 
         try:
             return Deployment.from_env()
+        except ConfigError as exc:
+            raise AirflowFailException(str(exc)) from exc
+
+    @staticmethod
+    def read_deferrable() -> bool:
+        """``TRAINING_DEFERRABLE`` (default true): whether a wait outside Airflow (a
+        Kubernetes Job, a sweep's lane) is handed to the triggerer. Read by every step,
+        so a word that is not a boolean fails the run's first task, without retries."""
+        from airflow.sdk.exceptions import AirflowFailException
+
+        from training.deployment import deferrable_from_env
+        from training.errors import ConfigError
+
+        try:
+            return deferrable_from_env()
         except ConfigError as exc:
             raise AirflowFailException(str(exc)) from exc
 

@@ -247,7 +247,8 @@ def test_execute_and_on_kill_delete_the_job(cluster, monkeypatch):
     from training_airflow.tasks import TrainOperator
 
     monkeypatch.setenv("TRAINING_K8S_POLL_INTERVAL", "0.02")
-    cluster.plans.append(Plan(outcome="never"))
+    monkeypatch.setenv("TRAINING_DEFERRABLE", "false")  # followed in the task (deferred:
+    cluster.plans.append(Plan(outcome="never"))  # test_kubernetes_deferral.py)
     params = {"launcher": "kubernetes", "epochs": 2}
     name = k8s.job_name(config_for_run(params, RUN_ID).run_id)
     operator = TrainOperator(task_id="train", staged=STAGED)
@@ -276,9 +277,11 @@ def test_execute_and_on_kill_delete_the_job(cluster, monkeypatch):
     assert any(f"deleted Job {NAMESPACE}/{name}" in m for m in messages(logs))
 
 
-def test_execute_returns_the_launch_dict(cluster):
+def test_execute_returns_the_launch_dict(cluster, monkeypatch):
     from training_airflow.params import config_for_run
     from training_airflow.tasks import TrainOperator
+
+    monkeypatch.setenv("TRAINING_DEFERRABLE", "false")
 
     params = {"launcher": "kubernetes", "epochs": 2}
     cfg = config_for_run(params, RUN_ID)
