@@ -296,6 +296,9 @@ def test_report_and_models_page_share_one_stylesheet_and_autoescape():
 # --------------------------------------------------------------------------- sweeps
 
 
+WORKER_RUNS = "/tmp/airflow-worker-3/runs"  # where a worker trained the trials
+
+
 def sweep_records() -> tuple[list, object]:
     """Four trials as the study hands them over (``training.sweep.record.TrialRecord``):
     two completed (their best epoch's objective), one pruned after two epochs (its last),
@@ -306,8 +309,8 @@ def sweep_records() -> tuple[list, object]:
         return TrialRecord(number=number, optuna_number=number + 40, attempt=0,
                            params=params, state=state, value=value, epochs=epochs,
                            duration_s=30.0 * len(epochs) + number,
-                           run_dir=f"runs/night-2-t{number}", error=error,
-                           data_fingerprint="b504be350b053dde")
+                           run_dir=f"{WORKER_RUNS}/night-2-t{number}", error=error,
+                           data_fingerprint="b504be350b053dde", run_id=f"night-2-t{number}")
 
     trials = [
         trial(0, "complete", {1: 0.81, 2: 0.88, 3: 0.9},
@@ -393,3 +396,84 @@ def test_a_report_without_sweep_json_has_no_sweep_section(tmp_path):
     page = report.build_report(tmp_path).read_text()
     assert 'id="sweep"' not in page and "<h2>Sweep" not in page and "trials (" not in page
     assert not list((tmp_path / "report").glob("sweep_*"))
+
+
+def test_the_sweep_section_shows_each_trials_run_id_never_a_workers_run_directory(tmp_path):
+    from training.sweep.record import write_sweep_json
+
+    write_records(tmp_path)
+    trials, best = sweep_records()
+    write_sweep_json(tmp_path, trials, best, storage="sqlite:///runs/.sweeps/digits-mlp.db",
+                     study="digits-mlp.1c561f35", objective="val_accuracy",
+                     direction="maximize")
+    recorded = json.loads((tmp_path / "sweep.json").read_text())
+    assert recorded["best"]["run_dir"] == f"{WORKER_RUNS}/night-2-t{best.number}"  # kept
+    page = report.build_report(tmp_path).read_text()
+    assert f"<td>run id</td><td>night-2-t{best.number}</td>" in table(
+        section(page, "sweep"), "sweep-best")
+    assert WORKER_RUNS not in page and "run directory" not in page
+    # A sweep.json written before the run id was kept: the id is its run_dir's last part.
+    for entry in (recorded["best"], *recorded["trials"]):
+        del entry["run_id"]
+    (tmp_path / "sweep.json").write_text(json.dumps(recorded))
+    page = report.build_report(tmp_path).read_text()
+    assert f"<td>run id</td><td>night-2-t{best.number}</td>" in page
+    assert WORKER_RUNS not in page
+
+
+def _swept_params(space: dict, values: dict) -> tuple[list, object]:
+    """Four trials over ``values`` (field -> four values), objectives rising."""
+    from training.sweep.record import TrialRecord
+
+    trials = [TrialRecord(number=n, optuna_number=n, attempt=0,
+                          params={k: v[n] for k, v in values.items()}, state="complete",
+                          value=0.7 + 0.05 * n, epochs={1: 0.7 + 0.05 * n}, duration_s=9.0,
+                          run_dir=f"runs/night-3-t{n}", run_id=f"night-3-t{n}")
+              for n in range(4)]
+    return trials, trials[-1]
+
+
+def _ink_at_the_sides(path: Path) -> bool:
+    """Whether anything is drawn in the outer 2 pixel columns of the PNG (a title wider
+    than its figure runs off both sides)."""
+    from matplotlib.image import imread
+
+    pixels = imread(path)[:, :, :3]
+    return bool((pixels[:, :2] < 0.9).any() or (pixels[:, -2:] < 0.9).any())
+
+
+SEARCHED = {  # learning rates within two decades: only the space says it was log-searched
+    "fit.learning_rate": ({"float": [0.0003, 0.05], "log": True}, [0.0009, 0.004, 0.01, 0.04]),
+    "fit.batch_size": ({"choices": [32, 64, 128]}, [128, 32, 64, 32]),
+    "model.args.dropout": ({"float": [0.0, 0.5]}, [0.1, 0.2, 0.3, 0.4]),
+    "model.args.image_size": ({"int": [64, 160], "step": 32}, [64, 96, 128, 160]),
+    "dataset.augment": ({"choices": ["none", "flip"]}, ["flip", "none", "flip", "none"]),
+}
+
+
+@pytest.mark.parametrize("fields", [1, 2, 5])
+def test_each_searched_value_is_drawn_as_it_was_searched_and_the_title_fits(tmp_path, fields):
+    from training.report.sweep_plots import SWEEP_PARAMS, categories, plot_sweep
+    from training.sweep.record import write_sweep_json
+
+    chosen = dict(list(SEARCHED.items())[:fields])
+    space = {name: spec for name, (spec, _) in chosen.items()}
+    trials, best = _swept_params(space, {name: v for name, (_, v) in chosen.items()})
+    write_sweep_json(tmp_path, trials, best, storage="sqlite:///s.db", study="s",
+                     objective="val_accuracy", direction="maximize", space=space)
+    drawn = plot_sweep(json.loads((tmp_path / "sweep.json").read_text()), tmp_path)
+    expected = {"fit.learning_rate": "log", "fit.batch_size": "categories",
+                "model.args.dropout": "linear", "model.args.image_size": "linear",
+                "dataset.augment": "categories"}
+    assert drawn["scales"] == {name: expected[name] for name in chosen}
+    assert not _ink_at_the_sides(tmp_path / SWEEP_PARAMS), f"the title of {fields} field(s)"
+    # Choices keep their order on the axis: 32, 64, 128, not the text's 128, 32, 64.
+    assert categories([128, 32, 64], {"choices": [32, 64, 128]}) == ["32", "64", "128"]
+    if fields >= 2:
+        page_dir = tmp_path / "version"
+        write_records(page_dir)
+        (page_dir / "sweep.json").write_text((tmp_path / "sweep.json").read_text())
+        searched = table(section(report.build_report(page_dir).read_text(), "sweep"),
+                         "sweep-space")
+        assert "<td>fit.learning_rate</td><td>0.0003 to 0.05, log scale</td>" in searched
+        assert "<td>fit.batch_size</td><td>one of 32, 64, 128</td>" in searched

@@ -272,7 +272,7 @@ def test_sweep_json_says_what_was_tried_and_never_a_password(tmp_path):
     best = pick(trials, sweep.cfg)
     path = write_sweep_json(sweep.cfg.run_dir(), trials, best, storage=sweep.shown,
                             study=sweep.study.study_name, objective="val_loss",
-                            direction="minimize")
+                            direction="minimize", space=sweep.cfg.sweep.space)
     doc = json.loads(path.read_text())
     assert path == tmp_path / "night-1" / "sweep.json"
     assert doc["counts"] == {"trials": 2, "complete": 1, "pruned": 1, "failed": 0,
@@ -281,6 +281,12 @@ def test_sweep_json_says_what_was_tried_and_never_a_password(tmp_path):
     assert doc["trials"][0]["epochs"] == {"1": 0.7, "2": 0.6}
     assert doc["trials"][1]["state"] == "pruned"
     assert doc["trials"][0]["run_dir"] == str(tmp_path / "night-1-t0")
+    # The run id beside the path (the report shows the id: the path is a worker's).
+    assert [t["run_id"] for t in doc["trials"]] == ["night-1-t0", "night-1-t1"]
+    assert doc["best"]["run_id"] == "night-1-t0"
+    assert doc["best"]["run_dir"] == str(tmp_path / "night-1-t0")
+    # The space, as the config holds it: how the report draws each field.
+    assert doc["space"] == SPACE
     assert doc["trials"][0]["duration_s"] >= 0
     assert doc["study"]["storage"] == storage_url(sweep.cfg)
 
