@@ -115,6 +115,7 @@ DAG_CHECKS_JOURNEY = ("tests/journeys/test_readme_commands.py::"
                       "test_the_dag_checks_a_team_puts_in_its_ci")
 
 
+@pytest.hookimpl(trylast=True)  # after -m and -k have deselected what they deselect
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The longest first (``support.order``: modules and the wide groups by their seconds
     in ``tests/durations.json``, each one's tests together and in their order), so that
@@ -123,7 +124,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     When the DAG-checks journey is selected, the fast ``tests/dags`` tests are not run a
     second time in this session: that journey runs exactly them (the README's ``./dev test
     tests/dags -m "not slow" -n 0``) from a fresh clone, as a team's CI does, and fails
-    with their output when one fails."""
+    with their output when one fails. (This runs last: under ``-m "not slow"`` the
+    journey is gone by then, and the ``tests/dags`` tests run here.)"""
     if any(item.nodeid == DAG_CHECKS_JOURNEY for item in items):
         twice = [item for item in items if item.nodeid.startswith("tests/dags/")
                  and item.get_closest_marker("slow") is None]
