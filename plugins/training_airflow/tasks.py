@@ -20,6 +20,9 @@ Each operator is one step of ``training.steps`` (the order, the inputs and the
 - ``PublishOperator``, ``PromoteOperator``: ``steps.publish`` and ``steps.promote``
   on the run directory and evaluation they are handed, with the deployment's registry.
 
+Each hands the tracker what it produced (``tracking.py``: one MLflow run per DAG run,
+when tracking is on).
+
 Every step takes what the step before produced from its XCom (template fields holding
 ``XComArg``s, which also wire the dependencies), and the run's frozen config from the
 first step (or from ``train``'s pick after a sweep: ``step.py``). The model steps carry
@@ -31,6 +34,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from training_airflow import tracking
 from training_airflow.links import VERSION_XCOM, ModelVersionLink
 from training_airflow.step import Step
 
@@ -74,6 +78,7 @@ class StageOperator(Step):
             result = self.run_command(cfg, "stage")["staged"]
         for asset in self.outlets:
             context["outlet_events"][asset].extra = result
+        tracking.run_started(cfg, context, result)
         return result
 
 
@@ -108,7 +113,8 @@ class TrainOperator(Step):
             from training.data.snapshot.staging import StagedDataset
 
             return sweep_tasks.pick(self, cfg, StagedDataset.from_dict(self.staged), context)
-        self.log.info("launching %s training for run %s (%s, %d worker(s))",
+        self.log.info("%s %s training for run %s (%s, %d worker(s))",
+                      "resuming" if self.event is not None else "launching",
                       cfg.runtime.launcher, cfg.run_id, cfg.runtime.accelerator,
                       cfg.runtime.workers)
         if cfg.runtime.launcher == "local":
@@ -186,6 +192,7 @@ class EvaluateOperator(_ModelStep):
         evaluation = evaluate.evaluated(cfg, StagedDataset.from_dict(self.staged), registry,
                                         data_stats=data_stats, evaluate_now=in_a_child)
         decision = evaluation["decision"]
+        tracking.evaluated(self, cfg, context, evaluation)
         self.log.info("verdict for %s %s: %s%s; %s", cfg.model_name, cfg.run_id,
                       "promote" if decision["promote"] else "keep production",
                       " (forced)" if decision["forced"] else "", "; ".join(decision["reasons"]))
@@ -210,8 +217,10 @@ class PublishOperator(_ModelStep):
 
         dag_run = context["dag_run"]
         source = {"dag_id": dag_run.dag_id, "run_id": dag_run.run_id}
-        return publish.publish(cfg, registry, created=dag_run.run_after.isoformat(),
-                                source=source, run_dir=self.evaluation["run_dir"])
+        result = publish.publish(cfg, registry, created=dag_run.run_after.isoformat(),
+                                 source=source, run_dir=self.evaluation["run_dir"])
+        tracking.published(self, cfg, context, registry)
+        return result
 
 
 class PromoteOperator(_ModelStep):
@@ -236,6 +245,7 @@ class PromoteOperator(_ModelStep):
 
         result = promote.promote(cfg, registry, at=context["dag_run"].run_after.isoformat(),
                                   published=self.published, approval=self.approval)
+        tracking.ended(self, cfg, context)
         if not result["promoted"]:
             raise AirflowSkipException("not promoted: " + "; ".join(result["reasons"]))
         name, version = result["model_name"], result["version"]

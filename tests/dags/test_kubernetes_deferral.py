@@ -260,3 +260,81 @@ def test_a_word_that_is_no_boolean_fails_the_task_without_retries_naming_it(clus
     assert str(failed.value).startswith("TRAINING_DEFERRABLE must be a boolean (")
     assert str(failed.value).endswith("got 'sometimes'")
     assert cluster.requests == []  # before anything was applied
+
+
+# --- a DAG run: Airflow defers the task, runs the trigger, resumes the task -----------
+def one_task_dag(dag_id: str):
+    """A DAG of ``train`` alone, written to the metadata database as the dag processor
+    writes a parsed file's DAGs (``dag.test()`` runs only serialized DAGs)."""
+    from types import SimpleNamespace
+
+    from airflow.dag_processing.bundles.manager import DagBundlesManager
+    from airflow.dag_processing.dagbag import sync_bag_to_db
+    from airflow.sdk import DAG
+
+    from training_airflow.tasks import TrainOperator
+
+    with DAG(dag_id, schedule=None, params={"launcher": "kubernetes", "workers": 2,
+                                            "epochs": 2}) as dag:
+        TrainOperator(task_id="train", staged=STAGED, validated={}, retries=0)
+    DagBundlesManager().sync_bundles_to_db()
+    sync_bag_to_db(SimpleNamespace(dags={dag_id: dag}, import_errors={}, bundle_path=None,
+                                   dag_warnings=set()), "dags-folder", None)
+    return dag
+
+
+@pytest.mark.slow  # dag.test(): about 40 s each on 2 cores, most of it Airflow's start
+@pytest.mark.parametrize("outcome", ["succeeded", "failed"])
+def test_a_dag_run_defers_train_and_resumes_it_on_the_jobs_outcome(cluster, airflow_db,
+                                                                    outcome):
+    from pathlib import Path
+
+    from structlog.testing import capture_logs
+
+    from training.deployment import Deployment
+    from training_airflow import records
+    from training_airflow.params import run_id_for
+
+    cluster.plans.append(Plan(outcome=outcome, polls=4, failing=0, reason="OOMKilled",
+                              exit_code=137))
+    dag = one_task_dag(f"k8s_deferral_{outcome}")
+
+    with capture_logs() as logs:
+        run = dag.test()
+
+    (ti,) = run.get_task_instances()
+    name = k8s.job_name(run_id_for(run.run_id))
+    text = [entry["event"] for entry in logs]
+
+    def at(line: str) -> int:
+        return next(i for i, m in enumerate(text) if m.startswith(line))
+
+    # Applied in the task, deferred, followed in the trigger while it trained, resumed.
+    assert (at(f"created Job {NAMESPACE}/{name}") < at("deferred: the wait goes on")
+            < at("Pausing task as DEFERRED") < at(f"following Job {NAMESPACE}/{name} in "
+                                                  "the triggerer")
+            < at("[worker 0] ") < at(f"Job {NAMESPACE}/{name}: 2 active")
+            < at(f"Job {NAMESPACE}/{name}: 0 active"))
+    running = range(at(f"Job {NAMESPACE}/{name}: 2 active"),
+                    at(f"Job {NAMESPACE}/{name}: 0 active"))
+    assert sum(text[i].startswith("[worker ") for i in running) >= 4  # while it trained
+    for index, pod in enumerate(cluster.jobs[name].pods):
+        prefix = f"[worker {index}] "
+        assert [m[len(prefix):] for m in text if m.startswith(prefix)] == (
+            cluster.worker_lines(pod))
+    assert len(cluster.calls("POST", r"/jobs$")) == 2  # the dry run and the Job, once
+    record = records.read_run(Path(Deployment.from_env().output_dir)
+                              / run_id_for(run.run_id))["train"]
+    if outcome == "succeeded":
+        assert run.state == ti.state == "success"
+        assert record["state"] == "success" and record["value"]["job"] == name
+        return
+    assert run.state == ti.state == "failed"
+    failed_pod = cluster.jobs[name].pods[0]
+    assert record["state"] == "failed"
+    assert record["value"].startswith(f"LaunchError: Kubernetes Job {NAMESPACE}/{name} failed "
+                                      "(BackoffLimitExceeded")
+    assert (f"pod {failed_pod} (worker 0) failed: OOMKilled, exit code 137; last log lines:"
+            in record["value"])
+    assert ("    Traceback (most recent call last):\n    ValueError: boom\n"
+            f"pod {cluster.jobs[name].pods[1]} (worker 1) failed") in record["value"]
