@@ -31,7 +31,7 @@ def _refuse(message: str) -> None:
 def _registry() -> Any:
     from training.deployment import Deployment
     from training.errors import ConfigError
-    from training.registry.versions import open_registry
+    from training.tracking import tracked_registry
     from training_airflow.store import s3_options
 
     try:
@@ -39,7 +39,7 @@ def _registry() -> Any:
     except ConfigError as exc:
         _refuse(str(exc))
     store = deployment.store.text
-    return open_registry(store, s3_options(store, deployment.aws_conn_id))
+    return tracked_registry(store, s3_options(store, deployment.aws_conn_id))
 
 
 def checked_request(params: dict[str, Any], registry: Any) -> tuple[str, str, str, str]:

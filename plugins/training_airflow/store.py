@@ -61,8 +61,8 @@ def child_env(cfg: Any, conn_id: str) -> dict[str, str]:
 
 
 def open_registry(cfg: Any, conn_id: str) -> Any:
-    """The model registry on the run's store, with the connection's credentials."""
-    from training.registry.versions import open_registry as library_open_registry
+    """The model registry on the run's store, with the connection's credentials, and
+    what follows its pointer (the serving layout, the MLflow mirror)."""
+    from training.tracking import tracked_registry
 
-    return library_open_registry(cfg.storage.store_uri,
-                                 s3_options(cfg.storage.store_uri, conn_id))
+    return tracked_registry(cfg.storage.store_uri, s3_options(cfg.storage.store_uri, conn_id))

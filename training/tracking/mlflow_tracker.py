@@ -63,8 +63,12 @@ class MlflowTracker(RegistryMirror):
         found = self.client.get_experiment_by_name(name)
         if found is not None:
             return found.experiment_id
+        location = None  # a tracking server keeps the artifacts where it is told
+        if self.uri.startswith("sqlite:///"):  # a local store: beside its database
+            database = Path(self.uri.removeprefix("sqlite:///")).resolve()
+            location = (database.parent / "artifacts" / name).as_uri()
         try:
-            return self.client.create_experiment(name)
+            return self.client.create_experiment(name, artifact_location=location)
         except Exception:  # another task created it first
             found = self.client.get_experiment_by_name(name)
             if found is None:

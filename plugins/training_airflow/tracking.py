@@ -1,0 +1,73 @@
+"""What the DAG's tasks hand the tracker: one MLflow run for the whole DAG run.
+
+The training library's tracker (``training.tracking``; off, and MLflow never imported,
+without a tracking URI) is handed the pipeline's records by the tasks that make them:
+``stage_dataset`` starts the run (the frozen config as params; the Airflow DAG, run and
+its link, the data fingerprint as tags); ``train``'s child process logs each epoch and
+the evaluation itself (the same library code as the CLI); ``publish`` tags the version
+and registers it; ``promote`` moves ``champion`` through the registry's followers
+(``store.open_registry``) and ends the run. Every task finds the same MLflow run by the
+tag ``pipeline.run_id``: the run id of the DAG run's own config, also after a sweep,
+whose picked trial (a child run) the later tasks carry.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+
+def tracker() -> Any:
+    from training.tracking import tracker_from_env
+
+    return tracker_from_env()
+
+
+def pipeline_run_id(task: Any, cfg: Any, context: Any) -> str:
+    """The DAG run's own run id (the first step's frozen config's), which a sweep's
+    picked trial config handed on to the later steps does not carry."""
+    from training_airflow.step import CONFIG_XCOM
+
+    first = next((t for t in task.dag.tasks if getattr(t, "builds_config", False)), None) \
+        if task.has_dag() and context.get("ti") is not None else None
+    frozen = context["ti"].xcom_pull(task_ids=first.task_id, key=CONFIG_XCOM) \
+        if first is not None else None
+    if not frozen:
+        return cfg.run_id
+    try:
+        with open(frozen["path"]) as file:
+            return json.load(file)["storage"]["run_id"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return cfg.run_id
+
+
+def run_started(cfg: Any, context: Any, staged: dict[str, Any]) -> None:
+    """The run's config and the Airflow run it is (``stage_dataset``)."""
+    from training_airflow.alerts import run_url
+
+    dag_run = context["dag_run"]
+    tracker().start(cfg, tags={"airflow.dag_id": dag_run.dag_id,
+                               "airflow.run_id": dag_run.run_id,
+                               "airflow.url": run_url(dag_run.dag_id, dag_run.run_id),
+                               "data.fingerprint": staged.get("fingerprint", ""),
+                               "mlflow.note.content":
+                                   f"Airflow: {run_url(dag_run.dag_id, dag_run.run_id)}"})
+
+
+def published(task: Any, cfg: Any, context: Any, registry: Any) -> None:
+    """The published version on the run, and registered in MLflow's registry."""
+    run = pipeline_run_id(task, cfg, context)
+    tracker().set_tags(cfg.model_name, run, {"published.version": cfg.run_id})
+    tracker().registered(cfg.model_name, cfg.run_id, registry.store.uri, run_id=run)
+
+
+def evaluated(task: Any, cfg: Any, context: Any, evaluation: dict[str, Any]) -> None:
+    """The evaluation on the DAG run's MLflow run (after a sweep, the trial's child
+    run has it from the training process already)."""
+    run = pipeline_run_id(task, cfg, context)
+    if run != cfg.run_id:
+        tracker().log_evaluation(cfg.model_name, run, evaluation)
+
+
+def ended(task: Any, cfg: Any, context: Any, state: str = "complete") -> None:
+    tracker().end(cfg.model_name, pipeline_run_id(task, cfg, context), state)
