@@ -14,7 +14,9 @@ its trials real ``train --trial-of`` children, a real Optuna study in a real SQL
 - values the config refuses together fail their trial, not the sweep.
 
 Every test shares the session's staged digits (``--staging-dir``) and works in its own
-directory, as a user would; no test measures time (hang guards only).
+directory, as a user would, but for one sweep with failed and pruned trials
+(``failing_sweep``, module-scoped) that two tests read; no test measures time (hang
+guards only).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import subprocess
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 
 import psutil
 import pytest
@@ -93,17 +96,29 @@ def _seed_training_a_good_trial_before_the_slow_one(run_id: str) -> int:
     raise AssertionError("no seed puts a trial that learns first")
 
 
-def test_failed_and_pruned_trials_are_recorded_and_the_sweep_still_publishes(
-        staged_digits, tmp_path):
+@pytest.fixture(scope="module")
+def failing_sweep(staged_digits, tmp_path_factory) -> SimpleNamespace:
+    """One sweep, run once, that the tests below read (one runs the same command again):
+    four trials one at a time on a grid where two fail to build, the slow one is pruned
+    and the best is published. Its ``work`` directory, ``args``, ``seed``, ``run_id`` and
+    finished process (``proc``). The module's tests are one xdist group
+    (``support/order.py``: ``MODULE_GROUPS``), so it runs once a session."""
     run_id = "failing"
     seed = _seed_training_a_good_trial_before_the_slow_one(run_id)
-    proc = cli(tmp_path, *_sweep(
-        staged_digits, *MODEL, "--run-id", run_id, "--sweep-trials", "4",
-        "--sweep-parallel", "1", "--sweep-sampler", "grid", "--sweep-pruner", "median",
-        "--sweep-seed", str(seed), "--sweep-max-failed", "2", space_=FAILING_SPACE,
-        epochs=3), env=MODEL_ENV)
+    work = tmp_path_factory.mktemp("failing-sweep")
+    args = _sweep(staged_digits, *MODEL, "--run-id", run_id, "--sweep-trials", "4",
+                  "--sweep-parallel", "1", "--sweep-sampler", "grid", "--sweep-pruner",
+                  "median", "--sweep-seed", str(seed), "--sweep-max-failed", "2",
+                  space_=FAILING_SPACE, epochs=3)
+    return SimpleNamespace(work=work, args=args, seed=seed, run_id=run_id,
+                           proc=cli(work, *args, env=MODEL_ENV))
+
+
+def test_failed_and_pruned_trials_are_recorded_and_the_sweep_still_publishes(
+        staged_digits, failing_sweep, tmp_path):
+    run_id, seed, proc = failing_sweep.run_id, failing_sweep.seed, failing_sweep.proc
     assert proc.returncode == 0, tail(proc.stderr, 80)
-    published, version = _published(tmp_path, proc.stdout)
+    published, version = _published(failing_sweep.work, proc.stdout)
     sweep = _sweep_json(version)
     trials = sweep["trials"]
     assert [t["number"] for t in trials] == list(range(4))
@@ -371,18 +386,22 @@ def test_values_the_config_refuses_together_fail_their_trial_or_the_space(
 
 
 def test_the_same_command_again_after_a_published_sweep_with_a_failure_succeeds(
-        staged_digits, tmp_path):
-    args = _sweep(staged_digits, *MODEL, "--run-id", "twice", "--sweep-trials", "2",
-                  "--sweep-parallel", "2", "--sweep-sampler", "grid", "--sweep-max-failed",
-                  "1", space_={"model.args.dropout": {"choices": [0.0, BAD_DROPOUT]}},
-                  epochs=1)
-    first = cli(tmp_path, *args, env=MODEL_ENV)
+        failing_sweep):
+    # The module's sweep was published with two trials failed (and one pruned): the same
+    # command again succeeds, trains nothing and publishes the same version, unchanged.
+    first = failing_sweep.proc
     assert first.returncode == 0, tail(first.stderr, 40)
-    published = last_json(first.stdout, "published")["published"]
-    again = cli(tmp_path, *args, env=MODEL_ENV)
+    published, version = _published(failing_sweep.work, first.stdout)
+    sweep = _sweep_json(version)
+    assert sweep["counts"]["failed"] == 2, sweep["counts"]
+    again = cli(failing_sweep.work, *failing_sweep.args, env=MODEL_ENV)
     assert again.returncode == 0, tail(again.stderr, 40)
+    said = again.stdout + again.stderr
+    assert "the sweep was picked already" in said, tail(again.stderr, 40)
+    assert not re.findall(r"^\[trial \d+\] ", said, flags=re.M), tail(again.stderr, 40)
     assert last_json(again.stdout, "published")["published"]["version"] == \
         published["version"]
+    assert _sweep_json(version) == sweep
 
 
 # --- 5. bad input ---------------------------------------------------------------------

@@ -28,7 +28,7 @@ DURATIONS = TESTS / "durations.json"
 WIDE_GROUPS = ("system", "deploy/images", "deploy")
 # Integration modules whose tests share a module-scoped fixture: one group, one worker,
 # so that the fixture is made once (an integration test is otherwise a group alone).
-MODULE_GROUPS: tuple[str, ...] = ()
+MODULE_GROUPS = ("tests/integration/test_sweep_cli.py",)  # failing_sweep
 
 
 def module(nodeid: str) -> str:
