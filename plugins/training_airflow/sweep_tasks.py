@@ -9,7 +9,12 @@ launcher: ``python -m training train --trial-of ... --trial N`` as its child
 (``Step.run_command``, the connection's credentials in its environment), or a Job of
 its own under ``launcher=kubernetes``. A new trial is claimed only while fewer than
 ``sweep.parallel`` of the sweep's trials train (else its task waits for any of them to
-end), so at most that many train at once whatever the pool lets start. A trial killed (a
+end), so at most that many train at once whatever the pool lets start. With
+``TRAINING_DEFERRABLE`` (the default) neither wait holds a worker slot: a trial that finds
+every lane taken defers to a ``lane_trigger.LaneTrigger`` and claims its lane when it
+resumes, and under ``launcher=kubernetes`` a trial defers while its Job trains
+(``job_trigger.TrainingJobTrigger``; its trial stays running on its lane meanwhile). A
+trial killed (a
 task timed out, a worker lost) fails its try and is retried: it resumes its backup under
 the same slot. A trial that fails for good is recorded in the study and fails its task
 without retries; the sweep goes on.
@@ -31,6 +36,7 @@ LABEL = "trial_label"  # the context key map_index_template reads
 MAP_INDEX_TEMPLATE = "{{ " + LABEL + " }}"
 TRIGGER_RULE = "all_done"  # train: after every trial, whatever became of it
 MAX_PARALLEL_TASKS = 64  # training.config.sweep.MAX_PARALLEL: the study keeps the run's
+LANE_POLL_S = 5.0  # seconds between a deferred trial's looks for a free lane
 
 
 class PlanTrialsOperator(Step):
@@ -90,7 +96,7 @@ class TrialOperator(Step):
         self.staged, self.slot = staged, slot
 
     def work(self, cfg: Any, context: Any) -> dict[str, Any]:
-        from airflow.sdk.exceptions import AirflowFailException
+        from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
 
         from training.data.snapshot.staging import StagedDataset
         from training.steps import sweep
@@ -119,10 +125,20 @@ class TrialOperator(Step):
 
             LAUNCHERS[trial_cfg.runtime.launcher](self, trial_cfg, context)
 
+        def wait_for_lane(opened: Any) -> None:  # every lane taken: wait in the triggerer
+            from training_airflow.lane_trigger import LaneTrigger
+
+            self.defer(trigger=LaneTrigger(
+                storage=opened.url, study_name=opened.study.study_name,
+                run_id=opened.run_id, lanes=cfg.sweep.parallel, slot=slot,
+                poll_interval=LANE_POLL_S), method_name="resume")
+
         try:
             return sweep.run_trial(cfg, StagedDataset.from_dict(self.staged), slot, launch,
                                    base_config=self.frozen["path"], lanes=True,
-                                   announce=announce)
+                                   announce=announce,
+                                   on_full=wait_for_lane if self.deferrable else None,
+                                   passes=(TaskDeferred,))
         except sweep.TrialFailed as exc:
             raise AirflowFailException(str(exc)) from exc
 

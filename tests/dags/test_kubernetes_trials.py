@@ -90,3 +90,77 @@ def test_each_trial_is_a_job_of_its_own_and_the_pick_takes_the_best(cluster, tmp
     chosen = sweep.pick(cfg, staged)
     assert chosen.fit.learning_rate == best
     assert chosen.run_id in trial_runs
+
+
+def test_deferred_trials_hold_no_lane_they_do_not_train_on(cluster, tmp_path, monkeypatch):
+    """``TRAINING_DEFERRABLE``: a trial defers while its Job trains (its lane kept), and a
+    trial that finds every lane taken defers to a ``LaneTrigger`` that fires only once the
+    lane is free; each resumes where a task that never deferred would be."""
+    import asyncio
+
+    from airflow.sdk.exceptions import TaskDeferred
+
+    from training.data.snapshot.staging import StagedDataset
+    from training.deployment import Deployment
+    from training.steps import sweep
+    from training.sweep import slots
+    from training_airflow import sweep_tasks
+    from training_airflow.job_trigger import TrainingJobTrigger
+    from training_airflow.lane_trigger import LaneTrigger
+    from training_airflow.sweep_tasks import TrialOperator
+
+    monkeypatch.setattr(sweep_tasks, "LANE_POLL_S", 0.02)
+    cfg = RunConfig.from_flat({
+        "launcher": "kubernetes", "epochs": 3, "run_id": RUN_ID,
+        "output_dir": str(tmp_path / "runs"), "staging_dir": "/data/training/datasets",
+        "sweep_trials": 2, "sweep_parallel": 1, "sweep_sampler": "grid",
+        "sweep_pruner": "none", "sweep_space": {"fit.learning_rate": {"choices": RATES}}})
+    staged = StagedDataset.from_dict(STAGED)
+    sweep.plan(cfg, staged)
+    cluster.plans = [Plan(polls=2), Plan(polls=2)]
+    operators = {}
+    for slot in (0, 1):
+        operators[slot] = TrialOperator(task_id="trial", staged=STAGED, slot=slot)
+        operators[slot].deployment, operators[slot].frozen = (Deployment.from_env(),
+                                                              frozen.freeze(cfg))
+        operators[slot].deferrable = True
+
+    def deferred(slot: int):
+        with pytest.raises(TaskDeferred) as handed:
+            operators[slot].work(cfg, {})
+        return handed.value.trigger
+
+    def training_now() -> list[int]:
+        study = sweep.open_sweep(cfg, staged).study
+        return [t.user_attrs["slot"] for t in slots.training(study, RUN_ID)]
+
+    async def first(trigger, within: float | None = None):
+        return (await asyncio.wait_for(anext(trigger.run()), within)).payload
+
+    job_0 = deferred(0)
+    assert isinstance(job_0, TrainingJobTrigger) and training_now() == [0]  # lane kept
+    lane_1 = deferred(1)
+    assert isinstance(lane_1, LaneTrigger) and lane_1.lanes == 1
+    assert len(cluster.created()) == 3  # slot 1 created nothing while it waits
+    with pytest.raises(TimeoutError):  # slot 0 trains: no lane for slot 1
+        asyncio.run(first(lane_1, within=0.3))
+
+    operators[0].event = asyncio.run(first(job_0))  # slot 0's Job succeeds; it resumes
+    ended_0 = operators[0].work(cfg, {})
+    assert ended_0["state"] == "complete" and training_now() == []
+
+    operators[1].event = asyncio.run(first(lane_1, within=30))  # now the lane is free
+    job_1 = deferred(1)  # it claims the lane and defers again, on its own Job
+    assert isinstance(job_1, TrainingJobTrigger) and training_now() == [1]
+    operators[1].event = asyncio.run(first(job_1))
+    ended_1 = operators[1].work(cfg, {})
+
+    assert ended_1["state"] == "complete"
+    assert {ended_0["params"]["fit.learning_rate"], ended_1["params"]["fit.learning_rate"]} == (
+        set(RATES))
+    jobs = [body["metadata"]["name"] for kind, _, body in cluster.created() if kind == "jobs"]
+    assert jobs == [k8s.job_name(f"{RUN_ID}-t{slot}") for slot in (0, 1)]  # one Job each
+    study = sweep.open_sweep(cfg, staged).study
+    first_trial, second = sorted(slots.tonight(study, RUN_ID), key=lambda t: t.datetime_start)
+    assert first_trial.datetime_complete <= second.datetime_start  # never two at once
+    assert sweep.pick(cfg, staged).fit.learning_rate == max(RATES)

@@ -87,13 +87,17 @@ def label(slot: int, params: dict[str, Any]) -> str:
 
 def run_trial(cfg: RunConfig, staged: StagedDataset, slot: int, launch: Launch, *,
               base_config: str | os.PathLike[str], lanes: bool = False,
-              announce: Callable[[str], None] = lambda label: None) -> dict[str, Any]:
+              announce: Callable[[str], None] = lambda label: None,
+              on_full: Callable[[Any], None] | None = None,
+              passes: tuple[type[BaseException], ...] = ()) -> dict[str, Any]:
     """Train slot ``slot``'s trial with ``launch(trial_cfg, flags)`` (module doc), the
     flags naming ``base_config`` (``cfg`` as a file the child reads); what it ended as:
     ``{"slot", "state", "run_id", "run_dir", "params", "value", "label"}``. ``lanes``
     (trial tasks that may all start at once): a new trial waits until fewer than
     ``sweep.parallel`` train. ``announce`` is told the trial's label once its values
-    are known."""
+    are known. ``on_full``: ``study.ask``'s (wait for a lane elsewhere); ``passes``: what
+    ``launch`` raises to hand its wait elsewhere (a deferral): the trial stays as it is,
+    running on its lane, for the task that resumes it."""
     from training.sweep import study, trial
 
     sweep = open_sweep(cfg, staged)
@@ -105,7 +109,8 @@ def run_trial(cfg: RunConfig, staged: StagedDataset, slot: int, launch: Launch, 
         log.info("trial %d of run %s: the sweep was picked already", slot, cfg.run_id)
         return {**ended, "params": params, "label": label(slot, params), "state": "picked",
                 "value": None}
-    handle = study.ask(sweep, slot, lanes=cfg.sweep.parallel if lanes else 0)
+    handle = study.ask(sweep, slot, lanes=cfg.sweep.parallel if lanes else 0,
+                       on_full=on_full)
     ended |= {"params": handle.params, "label": label(slot, handle.params)}
     announce(ended["label"])
     if handle.finished or not handle.params:  # a task re-run after its trial ended
@@ -125,6 +130,8 @@ def run_trial(cfg: RunConfig, staged: StagedDataset, slot: int, launch: Launch, 
         study.tell(handle, "failed", reason=str(exc))
         _tracked_end(cfg, ended["run_id"], "failed", str(exc))
         raise TrialFailed(f"trial {slot} failed: {exc}") from exc
+    except passes:
+        raise  # the launch goes on elsewhere: the trial keeps running on its lane
     except LaunchError as exc:
         if getattr(exc, "exit_status", None) in STOPPED:
             study.tell(handle, "failed", reason=str(exc), final=False)

@@ -109,22 +109,29 @@ def training(study: optuna.Study, run_id: str) -> list[FrozenTrial]:
     return sorted(found, key=lambda t: (t.datetime_start or datetime.max, t.number))
 
 
+def lanes_free(study: optuna.Study, run_id: str, lanes: int) -> bool:
+    """Whether fewer than ``lanes`` of the sweep's trials train now."""
+    return len(training(study, run_id)) < lanes
+
+
 def claim_lane(storage: Any, study: optuna.Study, run_id: str, trial: FrozenTrial,
-               lanes: int, *, wait: bool, poll_s: float = 2.0) -> bool:
+               lanes: int, *, wait: bool, poll_s: float = 2.0, pause: bool = True) -> bool:
     """Claim the waiting ``trial`` (waiting -> running) when fewer than ``lanes`` of its
     sweep's trials train; True when claimed. Two claims at the same moment may both
     pass the count: the later one (by start, then number) finds itself past ``lanes``
-    and puts its trial back to waiting. False, after a pause, when every lane is taken
-    (``wait``: the first time, say so). A waiting trial waits for any trial to end,
-    never for a given one, so no order of starting the tasks can deadlock them."""
-    if len(training(study, run_id)) < lanes and claim(storage, trial):
+    and puts its trial back to waiting. False, after a pause (none without ``pause``:
+    the caller waits elsewhere), when every lane is taken (``wait``: the first time, say
+    so). A waiting trial waits for any trial to end, never for a given one, so no order
+    of starting the tasks can deadlock them."""
+    if lanes_free(study, run_id, lanes) and claim(storage, trial):
         if trial.number in [t.number for t in training(study, run_id)[:lanes]]:
             return True
         storage.set_trial_state_values(trial._trial_id, TrialState.WAITING)
     if wait:
         log.info("trial %s waits for one of the %d trials training to end "
                  "(sweep.parallel)", trial.user_attrs.get(SLOT), lanes)
-    time.sleep(poll_s + random.random())
+    if pause:
+        time.sleep(poll_s + random.random())
     return False
 
 

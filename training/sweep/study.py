@@ -27,6 +27,7 @@ import hashlib
 import json
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -143,11 +144,14 @@ def plan(sweep: Sweep) -> list[int]:
     return added
 
 
-def ask(sweep: Sweep, slot: int, *, lanes: int = 0) -> TrialHandle:
+def ask(sweep: Sweep, slot: int, *, lanes: int = 0,
+        on_full: Callable[[Sweep], None] | None = None) -> TrialHandle:
     """Slot ``slot``'s trial: claimed (new), resumed (running), or as it finished. Its
     values are drawn when it is claimed, by a sampler seeded for the slot. ``lanes``: a
     new trial waits until fewer than that many of the sweep's trials train
-    (``slots.claim_lane``): the DAG's trial tasks, which may all start at once."""
+    (``slots.claim_lane``): the DAG's trial tasks, which may all start at once.
+    ``on_full``: called instead of pausing when every lane is taken, to wait elsewhere
+    (it raises: a trial task defers to a trigger that watches the lanes)."""
     if not 0 <= slot < sweep.cfg.sweep.trials:
         raise ValueError(f"slot must be between 0 and {sweep.cfg.sweep.trials - 1}, got {slot}")
     tries = 0
@@ -162,7 +166,9 @@ def ask(sweep: Sweep, slot: int, *, lanes: int = 0) -> TrialHandle:
                 return _skip(sweep, slot, current)
             if lanes:
                 if not slots.claim_lane(sweep.storage, sweep.study, sweep.run_id, current,
-                                        lanes, wait=tries == 1):
+                                        lanes, wait=tries == 1, pause=on_full is None):
+                    if on_full is not None:
+                        on_full(sweep)
                     tries -= 1  # every lane trains another trial: waiting is not a try
                     continue
                 return _live(sweep, slot, current, "new")
