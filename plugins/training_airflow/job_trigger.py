@@ -18,9 +18,10 @@ deleted first, as ``on_kill`` deletes it in a task). Airflow 3.3 enforces no
 ``execution_timeout`` on a deferred task itself: the trigger does.
 
 ``on_kill`` (Airflow 3.3 calls it only when a person marks the deferred task failed or
-succeeded, or clears it) deletes the Job. ``cleanup`` deletes nothing: it also runs when
-the triggerer stops or hands the trigger to another one, which then follows the same Job
-again (its lines from the start: a new trigger has read none of them).
+succeeded, or clears it) deletes the Job, and a sweep trial's lane is let go.
+``cleanup`` deletes nothing: it also runs when the triggerer stops or hands the trigger
+to another one, which then follows the same Job again (its lines from the start: a new
+trigger has read none of them).
 """
 
 from __future__ import annotations
@@ -59,8 +60,9 @@ class TrainingJobTrigger(BaseTrigger):
 
     def __init__(self, *, conn_id: str, namespace: str, name: str, workers: int,
                  failure_lines: int, poll_interval: float, kueue_queue: str | None = None,
-                 stop_at: float | None = None) -> None:
+                 stop_at: float | None = None, trial: dict[str, Any] | None = None) -> None:
         super().__init__()
+        self.trial = trial  # a sweep trial's Job: {"storage", "study_name", "run_id", "slot"}
         self.conn_id, self.namespace, self.name = conn_id, namespace, name
         self.workers, self.failure_lines = workers, failure_lines
         self.poll_interval, self.kueue_queue, self.stop_at = poll_interval, kueue_queue, stop_at
@@ -70,7 +72,8 @@ class TrainingJobTrigger(BaseTrigger):
                            "name": self.name, "workers": self.workers,
                            "failure_lines": self.failure_lines,
                            "poll_interval": self.poll_interval,
-                           "kueue_queue": self.kueue_queue, "stop_at": self.stop_at}
+                           "kueue_queue": self.kueue_queue, "stop_at": self.stop_at,
+                           "trial": self.trial}
 
     def _clients(self) -> tuple[Any, Any]:
         from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
@@ -140,5 +143,20 @@ class TrainingJobTrigger(BaseTrigger):
 
     async def on_kill(self) -> None:
         """A person marked the deferred task failed or succeeded, or cleared it: delete
-        the Job (Kubernetes then stops its pods), as the task's ``on_kill`` does."""
+        the Job (Kubernetes then stops its pods), as the task's ``on_kill`` does. A sweep
+        trial's lane is let go too, as a trial stopped in its task lets it go (its retry,
+        if any, resumes it)."""
         await self._delete()
+        if self.trial:
+            await asyncio.to_thread(self._let_go_lane)
+
+    def _let_go_lane(self) -> None:
+        from training.sweep.slots import let_go
+        from training_airflow.lane_trigger import open_study
+
+        trial = self.trial or {}
+        storage, study = open_study(trial["storage"], trial["study_name"])
+        if let_go(storage, study, trial["run_id"], trial["slot"],
+                  f"stopped while deferred: Job {self.namespace}/{self.name} deleted"):
+            self.log.info("trial %s of sweep %s no longer holds a lane", trial["slot"],
+                          trial["run_id"])

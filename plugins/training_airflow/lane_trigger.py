@@ -31,6 +31,18 @@ LANE_EVENT = "lane"
 STILL_WAITING_EVERY_S = 60.0
 
 
+def open_study(url: str, study_name: str) -> tuple[Any, Any]:
+    """The Optuna storage at ``url`` (its password from this process's environment) and
+    the study ``study_name`` in it; blocking (call it in a thread)."""
+    import optuna
+
+    from training.deployment import sweep_password_from_env
+    from training.sweep.storage import open_storage
+
+    storage = open_storage(url, sweep_password_from_env())
+    return storage, optuna.load_study(study_name=study_name, storage=storage)
+
+
 class LaneTrigger(BaseTrigger):
     """Fires when fewer than ``lanes`` trials of sweep ``run_id`` train in study
     ``study_name`` at ``storage`` (a SQLAlchemy URL without a password); ``slot`` is the
@@ -48,13 +60,7 @@ class LaneTrigger(BaseTrigger):
                            "poll_interval": self.poll_interval}
 
     def _open(self) -> Any:
-        import optuna
-
-        from training.deployment import sweep_password_from_env
-        from training.sweep.storage import open_storage
-
-        storage = open_storage(self.storage, sweep_password_from_env())
-        return optuna.load_study(study_name=self.study_name, storage=storage)
+        return open_study(self.storage, self.study_name)[1]
 
     def _free(self, study: Any) -> bool:
         from training.sweep.slots import lanes_free

@@ -89,7 +89,8 @@ def _defer(operator: Any, job: Any, options: Any, conn_id: str) -> None:
     trigger = TrainingJobTrigger(
         conn_id=conn_id, namespace=job.namespace, name=job.name,
         workers=job.job["spec"]["completions"], failure_lines=options.failure_lines,
-        poll_interval=options.poll_interval, kueue_queue=options.kueue_queue, stop_at=stop_at)
+        poll_interval=options.poll_interval, kueue_queue=options.kueue_queue, stop_at=stop_at,
+        trial=getattr(operator, "trial_lane", None))
     operator.defer(trigger=trigger, method_name="resume",
                    timeout=timedelta(seconds=max(min(bounds), 1)) if bounds else None)
 

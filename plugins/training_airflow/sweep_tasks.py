@@ -103,6 +103,12 @@ class TrialOperator(Step):
 
         slot = int(self.slot)
         context[LABEL] = f"t{slot}"
+        from training.sweep.storage import storage_url
+        from training.sweep.study import study_name
+
+        # What a deferred Job's trigger needs to let the lane go if a person stops it.
+        self.trial_lane = {"storage": storage_url(cfg), "study_name": study_name(cfg),
+                           "run_id": cfg.run_id, "slot": slot}
 
         def announce(label: str) -> None:
             context[LABEL] = label

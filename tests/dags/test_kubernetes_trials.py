@@ -164,3 +164,43 @@ def test_deferred_trials_hold_no_lane_they_do_not_train_on(cluster, tmp_path, mo
     first_trial, second = sorted(slots.tonight(study, RUN_ID), key=lambda t: t.datetime_start)
     assert first_trial.datetime_complete <= second.datetime_start  # never two at once
     assert sweep.pick(cfg, staged).fit.learning_rate == max(RATES)
+
+
+def test_a_person_stopping_a_deferred_trial_deletes_its_job_and_frees_its_lane(
+        cluster, tmp_path):
+    import asyncio
+
+    from airflow.sdk.exceptions import TaskDeferred
+
+    from training.data.snapshot.staging import StagedDataset
+    from training.deployment import Deployment
+    from training.steps import sweep
+    from training.sweep import slots
+    from training_airflow.sweep_tasks import TrialOperator
+
+    cfg = RunConfig.from_flat({
+        "launcher": "kubernetes", "epochs": 3, "run_id": RUN_ID,
+        "output_dir": str(tmp_path / "runs"), "staging_dir": "/data/training/datasets",
+        "sweep_trials": 1, "sweep_parallel": 1, "sweep_pruner": "none",
+        "sweep_space": {"fit.learning_rate": {"choices": RATES}}})
+    staged = StagedDataset.from_dict(STAGED)
+    sweep.plan(cfg, staged)
+    cluster.plans = [Plan(outcome="never")]
+    operator = TrialOperator(task_id="trial", staged=STAGED, slot=0)
+    operator.deployment, operator.frozen = Deployment.from_env(), frozen.freeze(cfg)
+    operator.deferrable = True
+    with pytest.raises(TaskDeferred) as handed:
+        operator.work(cfg, {})
+
+    def training_now() -> int:
+        return len(slots.training(sweep.open_sweep(cfg, staged).study, RUN_ID))
+
+    assert training_now() == 1
+    asyncio.run(handed.value.trigger.on_kill())  # what the triggerer calls (Airflow's own
+    # cancellation path: test_kubernetes_deferral.py)
+
+    name = k8s.job_name(f"{RUN_ID}-t0")
+    assert len(cluster.calls("DELETE", rf"/jobs/{name}$")) == 1
+    assert training_now() == 0  # the lane is free; the trial is left for a retry to resume
+    (trial,) = slots.tonight(sweep.open_sweep(cfg, staged).study, RUN_ID)
+    assert trial.user_attrs["error"] == f"stopped while deferred: Job {NAMESPACE}/{name} deleted"

@@ -135,6 +135,17 @@ def claim_lane(storage: Any, study: optuna.Study, run_id: str, trial: FrozenTria
     return False
 
 
+def let_go(storage: Any, study: optuna.Study, run_id: str, slot: int, reason: str) -> bool:
+    """Slot ``slot``'s trial, if it trains, stops counting as training (its ``reason``
+    recorded, as ``study.tell`` records a stop for a retry to resume): its lane frees.
+    For a trial stopped while no process of its own runs (a deferred task's trigger)."""
+    trial = current(study, run_id, slot)
+    if trial is None or trial.state != TrialState.RUNNING or trial.user_attrs.get(ERROR):
+        return False
+    storage.set_trial_user_attr(trial._trial_id, ERROR, reason[:2000])
+    return True
+
+
 def claim(storage: Any, trial: FrozenTrial) -> bool:
     """``trial`` from waiting to running, if it still waits: one conditional UPDATE, so of
     two processes claiming at once exactly one gets it, on SQLite as on PostgreSQL
