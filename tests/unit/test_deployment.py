@@ -111,3 +111,65 @@ def test_the_deadline_is_read_alone_and_a_bad_one_names_the_variable():
         with pytest.raises(ConfigError, match=rf"TRAINING_DEADLINE_MINUTES must be a whole "
                                               rf"number of minutes from 1 .* got '{bad}'"):
             deadline_from_env({"TRAINING_DEADLINE_MINUTES": bad})
+
+
+# This round's settings: the tracking URI, serving's retention, retry delay, deferral.
+
+@pytest.mark.parametrize("env, expected", [
+    ({}, ""),
+    ({"MLFLOW_TRACKING_URI": "http://127.0.0.1:5000"}, "http://127.0.0.1:5000"),
+    ({"MLFLOW_TRACKING_URI": "http://a:5000", "TRAINING_MLFLOW_TRACKING_URI": "http://b:1"},
+     "http://b:1"),
+    ({"TRAINING_MLFLOW_TRACKING_URI": "sqlite:////srv/mlflow.db"}, "sqlite:////srv/mlflow.db"),
+    ({"TRAINING_MLFLOW_TRACKING_URI": "/srv/mlruns"}, "/srv/mlruns"),
+    ({"TRAINING_MLFLOW_TRACKING_URI": "https://user@mlflow.team:443"},
+     "https://user@mlflow.team:443"),
+])
+def test_the_tracking_uri_is_off_unless_set(env, expected):
+    from training.deployment import tracking_uri_from_env
+
+    assert tracking_uri_from_env(env) == expected
+    assert Deployment.from_env(env).tracking_uri == expected
+
+
+@pytest.mark.parametrize("value, says", [
+    ("mlflow.team:5000", "must be an http(s)://host[:port] tracking server"),
+    ("http://", "must be an http(s)://host[:port]"),
+    ("http://host:port", "is not a URI"),
+    ("https://me:s3cret@mlflow.team", "must not hold a password"),
+])
+def test_a_tracking_uri_that_cannot_work_names_the_setting(value, says):
+    from training.deployment import tracking_uri_from_env
+
+    with pytest.raises(ConfigError) as caught:
+        tracking_uri_from_env({"MLFLOW_TRACKING_URI": value})
+    assert "MLFLOW_TRACKING_URI" in str(caught.value) and says in str(caught.value)
+    assert "s3cret" not in str(caught.value)
+
+
+@pytest.mark.parametrize("value, expected", [("", True), ("true", True), ("On", True),
+                                             ("0", False), ("no", False), ("false", False)])
+def test_deferrable_reads_booleans(value, expected):
+    from training.deployment import deferrable_from_env
+
+    assert deferrable_from_env({"TRAINING_DEFERRABLE": value}) is expected
+
+
+def test_deferrable_refuses_a_word_that_is_not_a_boolean():
+    from training.deployment import deferrable_from_env
+
+    with pytest.raises(ConfigError, match="TRAINING_DEFERRABLE must be a boolean.*'maybe'"):
+        deferrable_from_env({"TRAINING_DEFERRABLE": "maybe"})
+
+
+@pytest.mark.parametrize("name, read", [
+    ("TRAINING_SERVING_KEEP", lambda env: Deployment.from_env(env).serving_keep),
+    ("TRAINING_RETRY_DELAY_SECONDS", lambda env: __import__(
+        "training.deployment", fromlist=["x"]).retry_delay_from_env(env).total_seconds()),
+])
+def test_whole_number_settings(name, read):
+    assert read({name: "7"}) == 7
+    assert read({}) in (5, 60)
+    for bad in ("0", "-2", "five", "1.5"):
+        with pytest.raises(ConfigError, match=f"{name} must be a whole number .* got '{bad}'"):
+            read({name: bad})

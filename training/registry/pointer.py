@@ -23,6 +23,7 @@ registry's ``store``, ``check_model``, ``serving_keep``, ``followers``, ``verify
 from __future__ import annotations
 
 import json
+import logging
 from datetime import datetime
 from typing import Any
 
@@ -35,6 +36,8 @@ from training.registry.serving import ServingLayout
 __all__ = ["ProductionPointer", "check_run_id", "check_time"]
 
 POINTER_FORMAT = 1
+
+log = logging.getLogger(__name__)
 
 
 def check_time(field: str, value: Any) -> str:
@@ -174,7 +177,11 @@ class ProductionPointer:
         each follower told (the MLflow mirror: it never fails a promotion)."""
         ServingLayout(self.store, self.serving_keep).push(name, pointer)
         for follower in self.followers:
-            follower.pointer_moved(name, pointer, self.store.uri)
+            try:
+                follower.pointer_moved(name, pointer, self.store.uri)
+            except Exception as exc:  # noqa: BLE001 - a mirror never fails a promotion
+                log.warning("warning: %s did not follow model %s to %s: %s", follower, name,
+                            pointer.get("version"), exc)
         return pointer
 
     def _warm_started_from(self, name: str, version: str) -> str | None:

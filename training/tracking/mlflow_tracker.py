@@ -1,10 +1,12 @@
 """The MLflow calls of a pipeline run: found by its tag, params, epochs, the evaluation.
 
 ``MlflowTracker`` is what ``open_tracker`` returns when tracking is on. Every call goes
-through ``_safely``: the first failure (a server that does not answer, a refusal) logs
-one warning naming what failed and why, and the tracker is off for the rest of the
-process, so a night never waits on or fails for MLflow. The client retries an HTTP call
-once and waits at most ``MLFLOW_HTTP_REQUEST_TIMEOUT`` (10 s here unless set).
+through ``_safely``: a server that does not answer logs one warning naming what failed
+and why, and the tracker is off for the rest of the process, so a night never waits on
+or fails for MLflow; a call the server refuses (say, a model version whose source is a
+local path, which a remote server does not take) is a warning for that call alone. The
+client retries an HTTP call once and waits at most ``MLFLOW_HTTP_REQUEST_TIMEOUT`` (10 s
+here unless set).
 
 A pipeline run's MLflow run is in the experiment named after the model and carries the
 tag ``pipeline.run_id``; any process finds it by that tag and creates it when none has
@@ -29,6 +31,16 @@ RUN_TAG = "pipeline.run_id"
 PARENT_TAG = "mlflow.parentRunId"
 
 
+def _unreachable(exc: BaseException) -> bool:
+    """Whether ``exc`` says the server could not be reached (MLflow wraps requests'
+    connection errors in an MlflowException that names them)."""
+    text = f"{type(exc).__name__}: {exc}"
+    return isinstance(exc, (OSError, TimeoutError)) or any(
+        mark in text for mark in ("Max retries exceeded", "Connection refused",
+                                  "ConnectionError", "timed out", "Read timed out",
+                                  "NewConnectionError", "RemoteDisconnected"))
+
+
 class MlflowTracker(RegistryMirror):
     """One tracking server's runs and registry (module doc)."""
 
@@ -51,7 +63,11 @@ class MlflowTracker(RegistryMirror):
         try:
             return call()
         except Exception as exc:  # noqa: BLE001 - tracking never fails a night
-            self.stopped = f"{what}: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+            reason = f"{what}: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+            if not _unreachable(exc):  # the server answered: this call alone is refused
+                log.warning("warning: MLflow refused %s (%s); tracking goes on", what, reason)
+                return None
+            self.stopped = reason
             log.warning("warning: MLflow tracking stopped for this process (%s at %s); the "
                         "run goes on, and `python -m training models sync-mlflow` repairs "
                         "the registry's mirror later", self.stopped, self.uri)
