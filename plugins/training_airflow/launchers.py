@@ -13,7 +13,11 @@ docs/kubernetes-airflow.md), gets the ``kubernetes`` API clients from the
 cncf-kubernetes provider's ``KubernetesHook`` (the connection ``kubernetes_default``
 unless ``TRAINING_K8S_CONN_ID`` names another), and runs
 ``training.launch.kubernetes``'s ``TrainingJob``: render and check, then apply, follow,
-logs, failure message; ``on_kill`` deletes the Job. The provider's
+logs, failure message; ``on_kill`` deletes the Job. With ``TRAINING_DEFERRABLE`` (the
+default, ``Step.deferrable``) the task only applies the objects (``TrainingJob.apply``)
+and defers to ``job_trigger.TrainingJobTrigger``, which follows the Job in the
+triggerer; resumed (``Step.resume``) with its event, it concludes (``TrainingJob.
+conclude``: the same XCom, the same failure message). The provider's
 ``KubernetesJobOperator`` is not used; docs/kubernetes-airflow.md says which of our
 guarantees it would break.
 

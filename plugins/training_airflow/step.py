@@ -21,6 +21,11 @@ worker stays the worker's: the connection holding the store's credentials, the
 Kubernetes options, the queues. A run started before this hand-over existed has no
 ``config`` XCom: its later tasks fail saying so, and clearing the run from its first
 task starts it again on a frozen config. The operators: ``tasks.py``, ``sweep_tasks.py``.
+
+A step that waits on work outside Airflow may defer (``TRAINING_DEFERRABLE``, read as
+every step starts: a word that is not a boolean fails it without retries). It comes
+back in ``resume``, which runs the step again with ``self.event`` the trigger's event
+(the launch it deferred from takes it up), and records it once it ends.
 """
 
 from __future__ import annotations
