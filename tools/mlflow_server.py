@@ -44,6 +44,12 @@ class MlflowServer(Service):
                 "--workers", "1", "--backend-store-uri", self.backend,
                 "--artifacts-destination", self.artifacts]
 
+    def prepare(self) -> None:
+        if "MLFLOW_S3_ENDPOINT_URL" in self.env:  # SeaweedFS on 127.0.0.1: path-style
+            config = self.root / "aws-config"
+            config.write_text("[default]\ns3 =\n    addressing_style = path\n")
+            self.env.setdefault("AWS_CONFIG_FILE", str(config))
+
     def popen_options(self) -> dict:
         return {"env": {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
                         **self.env}}

@@ -20,8 +20,11 @@ deployment scaled out to N machines (a sweep's trials then train on several work
   the store connection as ``AIRFLOW_CONN_AWS_DEFAULT``. A setting in the environment wins
   (Airflow's rule); ``--port`` wins over the environment and moves every port: the UI on
   P, log servers on P+1 (default worker), P+2 (triggerer), P+3 (gpu worker), PostgreSQL
-  on P+4, Redis on P+5, S3 on P+6 and SeaweedFS's own servers on P+7 to P+15; default
-  worker N (from 2) has its log server on P+14+N.
+  on P+4, Redis on P+5, S3 on P+6, SeaweedFS's own servers on P+7 to P+15 and MLflow's
+  tracking server on P+16; default worker N (from 2) has its log server on P+15+N.
+- MLflow's tracking server (``tools/mlflow_server.py``): its backend store the database
+  ``mlflow`` of the same PostgreSQL, its artifacts in the bucket (``mlflow/``); every
+  Airflow component gets it as ``TRAINING_MLFLOW_TRACKING_URI`` (docs/tracking.md).
 - PostgreSQL holds a second database, ``optuna``, owned by Airflow's role: the sweeps'
   Optuna studies. Every Airflow component gets it as ``TRAINING_SWEEP_STORAGE`` (a URL
   without the password) and the role's password as ``TRAINING_SWEEP_STORAGE_PASSWORD``,
@@ -51,6 +54,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from tools.mlflow_server import MlflowServer
 from tools.seaweedfs import S3Identity, SeaweedFS
 from tools.services import HOST, PostgreSQL, Redis, Service, ServiceError
 from tools.standalone import Stack, component_env, login_password, wait_ready
@@ -62,11 +66,13 @@ SECRETS = ("POSTGRES_PASSWORD", "REDIS_PASSWORD", "S3_ADMIN_ACCESS_KEY",
            "AIRFLOW_FERNET_KEY", "AIRFLOW_API_SECRET_KEY", "AIRFLOW_JWT_SECRET")
 PORTS = {"api": 0, "worker_log": 1, "trigger_log": 2, "gpu_worker_log": 3,
          "postgres": 4, "redis": 5, "s3": 6}
-SPAN = PORTS["s3"] + len(SeaweedFS.PORTS)
+PORTS["mlflow"] = PORTS["s3"] + len(SeaweedFS.PORTS)  # after SeaweedFS's own servers
+SPAN = PORTS["mlflow"] + 1
 MAX_RESTARTS = 5
 MAX_DEFAULT_WORKERS = 8
 DAG_ID = "keras_retrain"
 SWEEP_DATABASE = "optuna"  # the sweeps' Optuna studies, beside Airflow's database
+MLFLOW_DATABASE = "mlflow"  # the MLflow tracking server's backend store
 
 
 def span(default_workers: int = 1) -> int:
@@ -133,14 +139,26 @@ class ProductionStack:
                                          s["STORE_SECRET_KEY"], (self.bucket,))
         self.postgres = PostgreSQL(root / "postgres", self.ports["postgres"],
                                    password=s["POSTGRES_PASSWORD"],
-                                   databases=(SWEEP_DATABASE,))
+                                   databases=(SWEEP_DATABASE, MLFLOW_DATABASE))
         self.redis = Redis(root / "redis", self.ports["redis"], password=s["REDIS_PASSWORD"])
         self.seaweedfs = SeaweedFS(
             root / "seaweedfs", self.ports["s3"],
             [S3Identity("admin", s["S3_ADMIN_ACCESS_KEY"], s["S3_ADMIN_SECRET_KEY"]),
              self.store_identity], buckets=[self.bucket])
+        pg = self.postgres
+        # MLflow's server: its store a database of the stack's PostgreSQL, named without
+        # the password (PGPASSWORD reaches the driver), its artifacts in the bucket.
+        self.mlflow = MlflowServer(
+            root / "mlflow", self.ports["mlflow"],
+            backend=f"postgresql+psycopg2://{pg.user}@{HOST}:{pg.port}/{MLFLOW_DATABASE}",
+            artifacts=f"s3://{self.bucket}/mlflow",
+            env={"PGPASSWORD": pg.password, "MLFLOW_S3_ENDPOINT_URL": self.seaweedfs.endpoint,
+                 "AWS_ACCESS_KEY_ID": self.store_identity.access_key,
+                 "AWS_SECRET_ACCESS_KEY": self.store_identity.secret_key,
+                 "AWS_DEFAULT_REGION": SeaweedFS.REGION})
         self.services: dict[str, Service] = {"postgres": self.postgres, "redis": self.redis,
-                                             "seaweedfs": self.seaweedfs}
+                                             "seaweedfs": self.seaweedfs,
+                                             "mlflow": self.mlflow}
         for name, service in self.services.items():
             service.log = self.logs / f"{name}.log"
         self.env = component_env({**self.defaults(), **env}, host, port)
@@ -181,6 +199,8 @@ class ProductionStack:
             "TRAINING_SWEEP_STORAGE": (f"postgresql+psycopg2://{pg.user}@{HOST}:{pg.port}/"
                                        f"{SWEEP_DATABASE}"),
             "TRAINING_SWEEP_STORAGE_PASSWORD": pg.password,
+            # Every run, trial and version in the stack's MLflow server (docs/tracking.md).
+            "TRAINING_MLFLOW_TRACKING_URI": self.mlflow.url,
             "TF_CPP_MIN_LOG_LEVEL": "2",
         }
 
@@ -285,6 +305,8 @@ class ProductionStack:
             f"  sweeps:     {self.env['TRAINING_SWEEP_STORAGE'] or 'SQLite under the runs'} "
             "(Optuna studies; password: TRAINING_SWEEP_STORAGE_PASSWORD)",
             f"  broker:     {preflight.masked(redis)}",
+            f"  MLflow:     {self.mlflow.url}/ (runs, trials, models:/<name>@champion; "
+            f"store: the database {MLFLOW_DATABASE}, artifacts: s3://{self.bucket}/mlflow)",
             f"  secrets:    {self.root / 'secrets.env'}",
             f"  logs:       {self.logs}/<process>.log, task logs in {home}/logs/",
             "Stop with Ctrl-C.",

@@ -89,6 +89,9 @@ def move_pointer(params: dict[str, Any], dag_run: Any, airflow_run_id: str) -> d
                              expected_current=previous, by=by)
     except (RegistryError, StorageError) as exc:  # StorageError: corrupt files, a lost race
         _refuse(str(exc))
+    from training.tracking import tracker_from_env
+
+    tracker_from_env().flush()  # the MLflow mirror's champion moved before the task ends
     if previous == version:
         return {"model_name": model, "version": version, "moved": False, "by": by,
                 "why": f"{version} was already in production"}

@@ -6,7 +6,9 @@ without a tracking URI) is handed the pipeline's records by the tasks that make 
 its link, the data fingerprint as tags); ``train``'s child process logs each epoch and
 the evaluation itself (the same library code as the CLI); ``publish`` tags the version
 and registers it; ``promote`` moves ``champion`` through the registry's followers
-(``store.open_registry``) and ends the run. Every task finds the same MLflow run by the
+(``store.open_registry``) and ends the run. Each task waits (``flush``) until what it
+handed over was sent, so nothing is lost when its process ends; the tracker's own thread
+does the sending (``training.tracking``). Every task finds the same MLflow run by the
 tag ``pipeline.run_id``: the run id of the DAG run's own config, also after a sweep,
 whose picked trial (a child run) the later tasks carry.
 """
@@ -52,6 +54,7 @@ def run_started(cfg: Any, context: Any, staged: dict[str, Any]) -> None:
                                "data.fingerprint": staged.get("fingerprint", ""),
                                "mlflow.note.content":
                                    f"Airflow: {run_url(dag_run.dag_id, dag_run.run_id)}"})
+    tracker().flush()
 
 
 def published(task: Any, cfg: Any, context: Any, registry: Any) -> None:
@@ -59,6 +62,7 @@ def published(task: Any, cfg: Any, context: Any, registry: Any) -> None:
     run = pipeline_run_id(task, cfg, context)
     tracker().set_tags(cfg.model_name, run, {"published.version": cfg.run_id})
     tracker().registered(cfg.model_name, cfg.run_id, registry.store.uri, run_id=run)
+    tracker().flush()
 
 
 def evaluated(task: Any, cfg: Any, context: Any, evaluation: dict[str, Any]) -> None:
@@ -67,7 +71,10 @@ def evaluated(task: Any, cfg: Any, context: Any, evaluation: dict[str, Any]) -> 
     run = pipeline_run_id(task, cfg, context)
     if run != cfg.run_id:
         tracker().log_evaluation(cfg.model_name, run, evaluation)
+        tracker().flush()
 
 
 def ended(task: Any, cfg: Any, context: Any, state: str = "complete") -> None:
+    """The run's end, after what the promotion moved (``champion``) was sent."""
     tracker().end(cfg.model_name, pipeline_run_id(task, cfg, context), state)
+    tracker().flush()

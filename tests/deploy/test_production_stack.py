@@ -66,6 +66,10 @@ def test_a_gpu_run_from_the_form_trains_on_the_gpu_worker(production_stack: Any,
     assert manifest["source"] == {"dag_id": DAG_ID, "run_id": run_id}
     assert stack.production()["version"] == version
 
+    # MLflow (the stack's server: PostgreSQL and SeaweedFS): the night is one run, no
+    # secret of the stack in it, and a plain client loads the champion (issue 46).
+    champion_in_mlflow(stack, run_id, version)
+
     # The Models page shows it.
     page.goto(f"{stack.base_url}/models/#{MODEL}/{version}")
     row = page.locator(f'tr.version[id="{MODEL}/{version}"]')
@@ -84,6 +88,52 @@ def test_a_gpu_run_from_the_form_trains_on_the_gpu_worker(production_stack: Any,
         expect(page.get_by_text(words).first).to_be_visible()
         shot(page, f"04-log-{task_id}")
     page.close()
+
+
+def champion_in_mlflow(stack: Any, run_id: str, version: str) -> None:
+    """The stack's MLflow server has the DAG run as one run, its version registered as
+    ``champion``, no secret in a param or tag; a plain client (MLflow's own, the store's
+    key) loads ``models:/digits-mlp@champion`` from the store and it answers with class
+    probabilities (tests/integration/test_tracking.py compares them with the .keras
+    model's)."""
+    import json
+    import os
+
+    import mlflow
+    import numpy as np
+
+    from tools.stack import PORTS
+
+    url = f"http://127.0.0.1:{stack.port + PORTS['mlflow']}"
+    client = mlflow.MlflowClient(tracking_uri=url, registry_uri=url)
+    experiment = client.get_experiment_by_name(MODEL)
+    runs = client.search_runs([experiment.experiment_id],
+                              filter_string=f"tags.`airflow.run_id` = '{run_id}'")
+    assert len(runs) == 1, runs
+    assert runs[0].data.tags["published.version"] == version
+    assert {"loss", "val_loss", "test_accuracy"} <= set(runs[0].data.metrics)
+    text = json.dumps([runs[0].data.params, runs[0].data.tags])
+    for name, secret in stack.secrets().items():
+        assert secret not in text, name
+    champion = client.get_model_version_by_alias(MODEL, "champion")
+    assert champion.tags["pipeline.version"] == version
+    assert champion.source == f"s3://models/registry/models/{MODEL}/versions/{version}"
+    keys = stack.secrets()
+    config = stack.stack_dir / "aws-config-reader"
+    config.write_text("[default]\ns3 =\n    addressing_style = path\n")
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in {"MLFLOW_TRACKING_URI": url,
+                            "AWS_ENDPOINT_URL_S3": f"http://127.0.0.1:{stack.port + 6}",
+                            "AWS_ACCESS_KEY_ID": keys["STORE_ACCESS_KEY"],
+                            "AWS_SECRET_ACCESS_KEY": keys["STORE_SECRET_KEY"],
+                            "AWS_DEFAULT_REGION": "us-east-1",
+                            "AWS_CONFIG_FILE": os.fspath(config)}.items():
+            patch.setenv(name, value)
+        model = mlflow.pyfunc.load_model(f"models:/{MODEL}@champion")
+        images = np.random.default_rng(0).integers(0, 256, (4, 8, 8, 1), dtype=np.uint8)
+        probabilities = np.asarray(model.predict(images))
+    assert probabilities.shape == (4, 10)
+    np.testing.assert_allclose(probabilities.sum(axis=1), 1.0, rtol=1e-4)
 
 
 def test_two_triggers_at_the_same_moment_run_one_after_the_other(production_stack: Any):

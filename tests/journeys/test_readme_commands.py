@@ -17,10 +17,12 @@ import signal
 import socket
 import subprocess
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
 import pytest
+from support.browser import browser as browser  # the fixture
 from support.fresh import REPO, fresh_copy, new_user_env
 
 pytestmark = pytest.mark.slow
@@ -35,6 +37,7 @@ CLI_SWEEP = ("""./dev cli run --model-name digits-swept-cli --epochs 3 --sweep-t
              """--sweep-parallel 2 --sweep-space '{"fit.learning_rate": {"float": [0.0001, """
              """0.1], "log": true}, "fit.batch_size": {"choices": [32, 64]}}'""")
 CLI_HELP = "./dev cli run --help"
+MLFLOW_UI = "./dev mlflow"
 DAG_CHECKS = './dev test tests/dags -m "not slow" -n 0'
 TENSORBOARD = ".venv/bin/tensorboard --logdir var/store/models/digits-mlp/versions --port 6006"
 # Run elsewhere: ./dev test is CI itself; ./dev airflow is the system journey, ./dev stack
@@ -82,7 +85,7 @@ def clone(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_every_dev_command_of_the_readme_is_run_here():
     tested = {DEMO, DEMO_WITH_CONF, DEMO_ON_JAX, DEMO_SWEEP, CLI_SWEEP, CLI_HELP, DAG_CHECKS,
-              TENSORBOARD, *ELSEWHERE, *night_by_night()}
+              TENSORBOARD, MLFLOW_UI, *ELSEWHERE, *night_by_night()}
     written = {c for c in readme_commands() if c.startswith(("./dev", ".venv/bin/tensorboard"))}
     assert written <= tested, f"README commands no test runs: {sorted(written - tested)}"
     assert {DEMO, CLI_HELP, DAG_CHECKS, TENSORBOARD, *ELSEWHERE} <= written
@@ -141,6 +144,75 @@ def test_demo_with_a_sweep_runs_its_trials_as_tasks_and_promotes_the_best(clone:
     assert sweep["counts"]["trials"] == 4 and done["published_version"].endswith(
         f"-t{sweep['best']['number']}")
     assert (version / "report" / "sweep_objective.png").is_file()
+
+
+def _mlflow_api(path: str, **query: str) -> dict:
+    url = f"http://127.0.0.1:5000/api/2.0/mlflow/{path}"
+    if query:
+        url += "?" + urllib.parse.urlencode(query)
+    with urllib.request.urlopen(url, timeout=10) as answer:
+        return json.loads(answer.read())
+
+
+def _search(experiment_id: str) -> list[dict]:
+    request = urllib.request.Request(
+        "http://127.0.0.1:5000/api/2.0/mlflow/runs/search",
+        data=json.dumps({"experiment_ids": [experiment_id], "max_results": 100}).encode(),
+        headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        return json.loads(answer.read()).get("runs", [])
+
+
+def test_mlflow_shows_the_demos_runs_the_sweep_and_the_champion(clone: Path, browser):
+    """``./dev mlflow`` as written, after the demos: every demo run is an MLflow run, the
+    sweep a parent with its 4 trials as children, each model's champion its production;
+    then the UI walked in Chromium (the screenshots are looked at, issue 46)."""
+    from support.airflow_ui import artifacts_dir
+
+    with socket.socket() as probe:
+        if probe.connect_ex(("127.0.0.1", 5000)) == 0:
+            pytest.skip("port 5000 is taken on this machine")
+    server = subprocess.Popen(["bash", "-c", f"exec {MLFLOW_UI}"], cwd=clone,
+                              env=new_user_env(), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 180  # a hang guard: a new store migrates first
+        while time.monotonic() < deadline and server.poll() is None:
+            with contextlib.suppress(OSError), urllib.request.urlopen(
+                    "http://127.0.0.1:5000/health", timeout=5):
+                break
+            time.sleep(1.0)
+        swept = _mlflow_api("experiments/get-by-name", experiment_name="digits-swept")
+        runs = _search(swept["experiment"]["experiment_id"])
+        tags = [{t["key"]: t["value"] for t in run["data"].get("tags", [])} for run in runs]
+        parents = [t for t in tags if "mlflow.parentRunId" not in t]
+        assert len(parents) == 1 and parents[0]["airflow.dag_id"] == "keras_retrain", tags
+        children = [t for t in tags if "mlflow.parentRunId" in t]
+        assert sorted(t["pipeline.run_id"][-3:] for t in children) == [
+            "-t0", "-t1", "-t2", "-t3"], tags
+        champion = _mlflow_api("registered-models/alias", name="digits-swept",
+                               alias="champion")["model_version"]
+        production = json.loads((clone / "var" / "store" / "models" / "digits-swept" /
+                                 "production.json").read_text())["version"]
+        assert {t["key"]: t["value"] for t in champion["tags"]}["pipeline.version"] \
+            == production
+        plain = _mlflow_api("experiments/get-by-name", experiment_name="digits-mlp")
+        assert _search(plain["experiment"]["experiment_id"])
+        # The UI, as a person opens it: the sweep's runs, then the registered model.
+        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        page.goto("http://127.0.0.1:5000/#/experiments/"
+                  f"{swept['experiment']['experiment_id']}")
+        page.get_by_text(parents[0]["pipeline.run_id"]).first.wait_for()
+        page.screenshot(path=str(artifacts_dir() / "mlflow-sweep-runs.png"), full_page=True)
+        page.goto("http://127.0.0.1:5000/#/models/digits-swept")
+        page.get_by_text("champion").first.wait_for()
+        page.screenshot(path=str(artifacts_dir() / "mlflow-registered-model.png"),
+                        full_page=True)
+        page.close()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=30)
 
 
 def test_a_sweep_from_the_cli_publishes_its_best_trial(clone: Path):

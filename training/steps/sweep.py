@@ -99,7 +99,9 @@ def run_trial(cfg: RunConfig, staged: StagedDataset, slot: int, launch: Launch, 
     ``launch`` raises to hand its wait elsewhere (a deferral): the trial stays as it is,
     running on its lane, for the task that resumes it."""
     from training.sweep import study, trial
+    from training.tracking import tracker_from_env
 
+    tracker_from_env()  # MLflow loads in its own thread while the trial trains
     sweep = open_sweep(cfg, staged)
     ended = {"slot": slot, "run_id": trial.trial_run_id(cfg, slot),
              "run_dir": os.fspath(trial.trial_run_dir(cfg, slot))}
@@ -156,7 +158,9 @@ def _tracked_end(cfg: RunConfig, run_id: str, state: str, reason: str = "") -> N
     run in MLflow, when tracking is on (``training.tracking``)."""
     from training.tracking import tracker_from_env
 
-    tracker_from_env().end(cfg.model_name, run_id, state, reason, parent_run_id=cfg.run_id)
+    tracker = tracker_from_env()
+    tracker.end(cfg.model_name, run_id, state, reason, parent_run_id=cfg.run_id)
+    tracker.flush()
 
 
 def picked(sweep: Any) -> int | None:

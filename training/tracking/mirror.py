@@ -4,13 +4,13 @@ The project's registry stays the truth (``production.json``, the checksummed ver
 MLflow's registered model ``<name>`` mirrors it so that teams load
 ``models:/<name>@champion``:
 
-- ``registered``: a published version becomes a model version whose source is the
+- ``_registered``: a published version becomes a model version whose source is the
   version's folder in the store (an MLflow model itself: ``mlmodel.py``), tagged
   ``pipeline.version``; registering it again finds it (idempotent);
-- ``pointer_moved``: every move of the pointer (``ProductionPointer._moved``: the
+- ``_pointer_moved``: every move of the pointer (``ProductionPointer._moved``: the
   pipeline, the Models page, the CLI, a rollback) moves the ``champion`` alias, after
   registering the version if it was not;
-- ``sync``: every complete version of every model registered, and ``champion`` set
+- ``_sync``: every complete version of every model registered, and ``champion`` set
   from ``production.json``: ``python -m training models sync-mlflow`` repairs what a
   server that was down missed.
 
@@ -58,8 +58,8 @@ class RegistryMirror:
             name, source, run_id=run_id, tags={VERSION_TAG: version},
             description=f"version {version} of the pipeline's registry").version
 
-    def registered(self, name: str, version: str, store_uri: str,
-                   run_id: str | None = None) -> str | None:
+    def _registered(self, name: str, version: str, store_uri: str,
+                    run_id: str | None = None) -> str | None:
         """The MLflow model version of ``version`` (registered now if it was not), or
         None when tracking has stopped. ``run_id``: the pipeline run that made it."""
         source = f"{store_uri.rstrip('/')}/{version_prefix(name, version)}".rstrip("/")
@@ -67,25 +67,25 @@ class RegistryMirror:
         return self._retried(f"registering {name} version {version}",
                              lambda: self._model_version(name, version, source, mlflow_run))
 
-    def pointer_moved(self, name: str, pointer: dict[str, Any], store_uri: str) -> None:
+    def _pointer_moved(self, name: str, pointer: dict[str, Any], store_uri: str) -> None:
         """``champion`` on the pointer's version."""
         version = pointer.get("version")
         if version is None:
             return
-        number = self.registered(name, version, store_uri)
+        number = self._registered(name, version, store_uri)
         if number is not None:
             self._retried(f"moving {name}@{CHAMPION}", lambda: self.client.
                           set_registered_model_alias(name, CHAMPION, number))
             log.info("MLflow: %s@%s is version %s (%s)", name, CHAMPION, number, version)
 
-    def sync(self, registry: Any) -> dict[str, Any]:
+    def _sync(self, registry: Any) -> dict[str, Any]:
         """Every complete version registered and every ``champion`` set from the store;
         what was done."""
         done: dict[str, Any] = {}
         store_uri = registry.store.uri
         for name in registry.list_models():
             versions = [v["version"] for v in reversed(registry.list_versions(name))]
-            numbers = {v: self.registered(name, v, store_uri) for v in versions}
+            numbers = {v: self._registered(name, v, store_uri) for v in versions}
             production = registry.production(name)
             if production is not None and numbers.get(production) is not None:
                 number = numbers[production]

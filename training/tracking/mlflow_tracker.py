@@ -8,6 +8,11 @@ local path, which a remote server does not take) is a warning for that call alon
 client retries an HTTP call once and waits at most ``MLFLOW_HTTP_REQUEST_TIMEOUT`` (10 s
 here unless set).
 
+MLflow is imported, and every call made, by one sender thread, in the order asked for:
+importing MLflow takes seconds, and the training process, a trial's task or a promotion
+never waits for it or for the server; ``flush`` (at the end of a task, and at exit)
+waits until the calls asked for are made.
+
 A pipeline run's MLflow run is in the experiment named after the model and carries the
 tag ``pipeline.run_id``; any process finds it by that tag and creates it when none has
 (a sweep's trial: its own run, tagged ``mlflow.parentRunId`` with its sweep's run).
@@ -15,8 +20,11 @@ tag ``pipeline.run_id``; any process finds it by that tag and creates it when no
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
+import queue
+import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -47,15 +55,97 @@ class MlflowTracker(RegistryMirror):
     enabled = True
 
     def __init__(self, uri: str) -> None:
+        self.uri = uri
+        self.client: Any = None
+        self.stopped: str | None = None
+        self._runs: dict[tuple[str, str], str] = {}
+        self._calls: queue.Queue[Callable[[], Any]] = queue.Queue()
+        self._ready = threading.Event()
+        threading.Thread(target=self._send, name="mlflow-tracking", daemon=True).start()
+        atexit.register(self.flush)
+
+    def __repr__(self) -> str:
+        return f"MlflowTracker({self.uri!r})"
+
+    # -- the sender: MLflow imported and called off the caller's thread
+
+    def _send(self) -> None:
+        """Import MLflow (seconds: never on a training step's path), then make the
+        calls in the order they were asked for."""
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
-        import mlflow
 
-        self.uri = uri
-        self.client = mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
-        self.stopped: str | None = None
-        self._runs: dict[tuple[str, str], str] = {}
+        def connect() -> None:
+            import mlflow
+
+            self.client = mlflow.MlflowClient(tracking_uri=self.uri, registry_uri=self.uri)
+        self._safely("loading MLflow's client", connect)
+        self._ready.set()
+        while True:
+            call = self._calls.get()
+            try:
+                call()
+            finally:
+                self._calls.task_done()
+
+    def _later(self, what: str, call: Callable[[], Any]) -> None:
+        if not self.stopped:
+            self._calls.put(lambda: self._safely(what, call))
+
+    def flush(self, timeout_s: float = 120.0) -> bool:
+        """Wait until every call asked for so far was made (or tracking stopped), at
+        most ``timeout_s``; whether it was. A process calls it before it exits (also at
+        exit); a task, before it ends."""
+        deadline = time.monotonic() + timeout_s
+        while self._calls.unfinished_tasks and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if self._calls.unfinished_tasks:
+            log.warning("warning: MLflow tracking: %d calls not made in %.0f s (%s); the "
+                        "run goes on without them", self._calls.unfinished_tasks, timeout_s,
+                        self.uri)
+            return False
+        return True
+
+    # What the pipeline calls: each asks the sender, and returns at once.
+
+    def start(self, cfg: Any, **kwargs: Any) -> None:
+        self._later("logging the config", lambda: self._start(cfg, **kwargs))
+
+    def set_tags(self, model: str, run_id: str, tags: Mapping[str, Any]) -> None:
+        self._later("tagging the run", lambda: self._set_tags(model, run_id, tags))
+
+    def log_metrics(self, model: str, run_id: str, values: Mapping[str, Any],
+                    step: int = 0) -> None:
+        self._later("logging metrics", lambda: self._log_metrics(model, run_id, dict(values),
+                                                                 step))
+
+    def log_evaluation(self, model: str, run_id: str, evaluation: Mapping[str, Any]) -> None:
+        self._later("logging the evaluation",
+                    lambda: self._log_evaluation(model, run_id, evaluation))
+
+    def log_files(self, model: str, run_id: str, paths: Mapping[str, Path]) -> None:
+        self._later("uploading files", lambda: self._log_files(model, run_id, paths))
+
+    def end(self, model: str, run_id: str, state: str, reason: str = "", *,
+            parent_run_id: str | None = None) -> None:
+        self._later("ending the run", lambda: self._end(
+            model, run_id, state, reason, parent_run_id=parent_run_id))
+
+    def pointer_moved(self, name: str, pointer: dict[str, Any], store_uri: str) -> None:
+        self._later(f"following {name}'s production",
+                    lambda: self._pointer_moved(name, dict(pointer), store_uri))
+
+    def registered(self, name: str, version: str, store_uri: str,
+                   run_id: str | None = None) -> None:
+        self._later(f"registering {name} version {version}",
+                    lambda: self._registered(name, version, store_uri, run_id))
+
+    def sync(self, registry: Any) -> dict[str, Any]:
+        """The registry's mirror repaired (``RegistryMirror._sync``), here and now."""
+        self.flush()
+        self._ready.wait()
+        return self._sync(registry)
 
     def _safely(self, what: str, call: Callable[[], Any]) -> Any:
         if self.stopped:
@@ -117,7 +207,7 @@ class MlflowTracker(RegistryMirror):
             return self._find_or_create(model, run_id, parent)
         return self._safely("finding the run", find)
 
-    def start(self, cfg: Any, *, tags: Mapping[str, str] | None = None,
+    def _start(self, cfg: Any, *, tags: Mapping[str, str] | None = None,
               parent_run_id: str | None = None) -> None:
         """The run's frozen config as params, and ``tags`` (the Airflow DAG and run,
         its link; the backend and strategy), on the pipeline run's MLflow run."""
@@ -137,7 +227,7 @@ class MlflowTracker(RegistryMirror):
             self.client.log_batch(mlflow_run, tags=run_tags)
         self._safely("logging the config", log_all)
 
-    def set_tags(self, model: str, run_id: str, tags: Mapping[str, Any]) -> None:
+    def _set_tags(self, model: str, run_id: str, tags: Mapping[str, Any]) -> None:
         from mlflow.entities import RunTag
 
         mlflow_run = self.run_of(model, run_id)
@@ -145,7 +235,7 @@ class MlflowTracker(RegistryMirror):
             self._safely("tagging the run", lambda: self.client.log_batch(
                 mlflow_run, tags=[RunTag(k, clean(str(v))) for k, v in tags.items()]))
 
-    def log_metrics(self, model: str, run_id: str, values: Mapping[str, Any],
+    def _log_metrics(self, model: str, run_id: str, values: Mapping[str, Any],
                     step: int = 0) -> None:
         """Numeric ``values`` at ``step`` (an epoch counted from 0)."""
         from mlflow.entities import Metric
@@ -160,19 +250,19 @@ class MlflowTracker(RegistryMirror):
             self._safely("logging metrics", lambda: self.client.log_batch(
                 mlflow_run, metrics=metrics))
 
-    def log_evaluation(self, model: str, run_id: str, evaluation: Mapping[str, Any]) -> None:
+    def _log_evaluation(self, model: str, run_id: str, evaluation: Mapping[str, Any]) -> None:
         """The test metrics of the challenger and the champion, and the decision."""
         champion = evaluation.get("champion") or {}
         values = {f"test_{k}": v for k, v in (evaluation.get("challenger") or {}).items()}
         values.update({f"champion_test_{k}": v for k, v in champion.items()})
-        self.log_metrics(model, run_id, values)
+        self._log_metrics(model, run_id, values)
         decision = evaluation.get("decision") or {}
-        self.set_tags(model, run_id, {
+        self._set_tags(model, run_id, {
             "decision.promote": decision.get("promote"),
             "decision.reasons": "; ".join(decision.get("reasons") or ()),
             **({"champion.version": champion["version"]} if champion.get("version") else {})})
 
-    def log_files(self, model: str, run_id: str, paths: Mapping[str, Path]) -> None:
+    def _log_files(self, model: str, run_id: str, paths: Mapping[str, Path]) -> None:
         """Artifacts: ``{folder in the run: local file or directory}`` (the report,
         sweep.json), each that exists."""
         mlflow_run = self.run_of(model, run_id)
@@ -186,7 +276,7 @@ class MlflowTracker(RegistryMirror):
                 self._safely(f"uploading {folder}", lambda p=path, f=folder:
                              self.client.log_artifact(mlflow_run, os.fspath(p), f or None))
 
-    def end(self, model: str, run_id: str, state: str, reason: str = "", *,
+    def _end(self, model: str, run_id: str, state: str, reason: str = "", *,
             parent_run_id: str | None = None) -> None:
         """The run's end: ``state`` is ``complete`` (FINISHED), ``pruned`` (KILLED) or
         ``failed`` (FAILED), with ``reason`` as a tag (a trial's: under
@@ -195,6 +285,6 @@ class MlflowTracker(RegistryMirror):
         mlflow_run = self.run_of(model, run_id, parent_run_id=parent_run_id)
         if mlflow_run is None:
             return
-        self.set_tags(model, run_id, {"pipeline.state": state,
+        self._set_tags(model, run_id, {"pipeline.state": state,
                                       **({"pipeline.reason": reason} if reason else {})})
         self._safely("ending the run", lambda: self.client.set_terminated(mlflow_run, status))
