@@ -13,6 +13,11 @@ sees it at its next look, fires, and Airflow schedules and starts the task again
 concludes. Airflow is started once per mode (the switch is the workers' environment).
 
     .venv/bin/python bench/deferral.py [--runs 3] [--polls 8] [--port 28480]
+
+``--occupancy`` measures instead two runs triggered at once with ``parallelism`` 1 (one
+worker slot), each Job twice as long: the task instances running (holding the slot)
+over time from the REST API, and how long the two Jobs trained at the same time, with
+deferral off and on.
 """
 
 from __future__ import annotations
@@ -105,13 +110,72 @@ def resume_costs(tmp: Path, fake: FakeKubernetes, done: dict[str, float], deferr
     return costs
 
 
+def occupancy(tmp: Path, fake: FakeKubernetes, done: dict[str, float], deferrable: bool,
+              args: argparse.Namespace) -> dict[str, float]:
+    """Two runs triggered at once with ``parallelism`` 1 (one worker slot): the task
+    instances ``running`` (holding the slot) over time, sampled from the REST API, and
+    how long the two Jobs existed at the same time."""
+    import urllib.error
+    import urllib.parse
+
+    env = {**environment(tmp / "occupancy", fake, deferrable),
+           "AIRFLOW__CORE__PARALLELISM": "1"}
+    stack = Standalone(env, args.port)
+    created: dict[str, float] = {}
+    create = fake._create_job
+
+    def recorded(body: dict) -> dict:
+        created[body["metadata"]["name"]] = time.time()
+        return create(body)
+
+    fake._create_job = recorded
+    try:
+        for _ in range(150):  # until the dag-processor has parsed it
+            try:
+                stack.call("PATCH", f"/api/v2/dags/{DAG_ID}", {"is_paused": False})
+                break
+            except urllib.error.HTTPError:
+                time.sleep(2)
+        fake.plans += [Plan(polls=args.polls * 2), Plan(polls=args.polls * 2)]
+        runs = [stack.call("POST", f"/api/v2/dags/{DAG_ID}/dagRuns",
+                           {"logical_date": None, "conf": {}})["dag_run_id"] for _ in (0, 1)]
+        samples, start = [], time.monotonic()
+        while True:
+            states = []
+            for run in runs:
+                path = f"/api/v2/dags/{DAG_ID}/dagRuns/{urllib.parse.quote(run, safe='')}"
+                states += [ti["state"] for ti in stack.call(
+                    "GET", f"{path}/taskInstances")["task_instances"]]
+            samples.append((time.monotonic() - start, states.count("running"),
+                            states.count("deferred")))
+            if all(state in ("success", "failed") for state in states):
+                break
+            if time.monotonic() - start > 600:
+                raise RuntimeError("the two runs did not end in 10 minutes")
+            time.sleep(0.5)
+    finally:
+        fake._create_job = create
+        stack.stop()
+    jobs = [(created[name], done[name]) for name in created]
+    overlap = max(0.0, min(end for _, end in jobs) - max(begin for begin, _ in jobs))
+    busy = sum(1 for _, running, _ in samples if running) / len(samples)
+    return {"wall": samples[-1][0], "max_running": max(r for _, r, _ in samples),
+            "busy": busy, "overlap": overlap, "failed": states.count("failed"),
+            "job_s": median([end - begin for begin, end in jobs])}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--polls", type=int, default=8)
     parser.add_argument("--port", type=int, default=28480, help="and the two above it")
+    parser.add_argument("--occupancy", action="store_true",
+                        help="instead: two runs at once on one worker slot")
     args = parser.parse_args()
+    if args.occupancy:
+        occupancy_report(args)
+        return
     report = Report("Deferral (issue 47): extra time to resume a deferred Kubernetes training")
     fake = FakeKubernetes()
     fake.thread.start()
@@ -131,6 +195,29 @@ def main() -> None:
                   "followed in the task", extra <= LIMIT_S,
                   f"median {median(deferred):.2f} s vs {median(in_task):.2f} s: "
                   f"{extra:+.2f} s")
+    report.finish()
+
+
+def occupancy_report(args: argparse.Namespace) -> None:
+    report = Report("Deferral (issue 47): two Kubernetes trainings on one worker slot")
+    fake = FakeKubernetes()
+    fake.thread.start()
+    done = completions(fake)
+    try:
+        with tempfile.TemporaryDirectory(prefix="bench-deferral-") as tmp:
+            seen = {mode: occupancy(Path(tmp) / mode, fake, done, mode == "deferred", args)
+                    for mode in ("in-task", "deferred")}
+    finally:
+        fake.server.shutdown()
+    for mode, figures in seen.items():
+        report.figure(f"{mode}: two runs in {figures['wall']:.1f} s, a Job {figures['job_s']:.1f}"
+                      f" s, the two Jobs alive together {figures['overlap']:.1f} s, the slot "
+                      f"held in {figures['busy']:.0%} of the samples (at most "
+                      f"{figures['max_running']:g} running), {figures['failed']:g} failed")
+    report.target("deferred: the two Jobs train at the same time on one worker slot",
+                  seen["deferred"]["overlap"] > 0.5 * seen["deferred"]["job_s"],
+                  f"{seen['deferred']['overlap']:.1f} s together of {seen['deferred']['job_s']:.1f}"
+                  f" s; in the task: {seen['in-task']['overlap']:.1f} s")
     report.finish()
 
 
