@@ -200,15 +200,20 @@ def test_marking_the_deferred_task_failed_deletes_the_job(cluster, cfg, monkeypa
             False) in trigger._log.lines
 
 
-def test_a_triggerer_that_stops_leaves_the_job_running(cluster, cfg, monkeypatch):
+def test_a_triggerer_that_stops_leaves_the_job_to_the_next_one(cluster, cfg, monkeypatch):
     monkeypatch.setenv("AIRFLOW_DISABLE_GREENBACK_PORTAL", "true")
-    cluster.plans.append(Plan(outcome="never"))
+    cluster.plans.append(Plan(polls=8))
     _, trigger, _ = applied(cluster, cfg)
 
     run_until_cancelled(cluster, trigger, None)  # shutdown, or handed to another triggerer
 
     assert cluster.calls("DELETE", r"/jobs/") == []
     assert ("jobs", trigger.name) in cluster.objects
+    path, kwargs = trigger.serialize()  # what the next triggerer rebuilds it from
+    from airflow.sdk._shared.module_loading import import_string
+
+    assert first_event(import_string(path)(**kwargs))["status"] == "succeeded"
+    assert len(cluster.calls("POST", r"/jobs$")) == 2  # the dry run and the one Job
 
 
 def test_the_execution_timeout_deletes_the_job_and_times_the_task_out(cluster, cfg):
