@@ -327,3 +327,15 @@ def test_each_sampler_and_pruner_runs_through_ask_and_tell(tmp_path, sampler, pr
     assert {t.state for t in trials} <= {"complete", "pruned"}
     assert (pruner == "none") <= all(t.state == "complete" for t in trials)
     assert pick(trials, sweep.cfg).state == "complete"
+
+
+def test_a_password_for_a_sqlite_study_is_refused_naming_it(tmp_path):
+    """A setting that cannot take effect: SQLite takes no password (it was a TypeError
+    from sqlite3.connect, found running the tracking tests with the stack's settings)."""
+    from training.errors import ConfigError
+
+    url = f"sqlite:///{tmp_path / 'studies.db'}"
+    with pytest.raises(ConfigError, match="TRAINING_SWEEP_STORAGE_PASSWORD is set, but .* "
+                                          "is a SQLite file, which takes no password"):
+        open_storage(url, password="hunter2")
+    assert open_storage(url) is not None  # without it, the same file opens

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from training.config.sweep import redact
-from training.errors import StorageError
+from training.errors import ConfigError, StorageError
 
 SWEEPS_DIR = ".sweeps"
 CONNECT_TIMEOUT_S = 10  # a database server that does not answer
@@ -46,6 +46,11 @@ def engine_kwargs(url: str, password: str | None = None) -> dict[str, Any]:
     driver when it connects (the URL never holds it)."""
     dialect = url.partition(":")[0].partition("+")[0]
     connect: dict[str, Any] = {}
+    if dialect == "sqlite" and password:  # sqlite3.connect() takes none: a TypeError
+        raise ConfigError(
+            f"TRAINING_SWEEP_STORAGE_PASSWORD is set, but the sweep's study storage "
+            f"{shown_storage(url)} is a SQLite file, which takes no password: unset it, "
+            "or set TRAINING_SWEEP_STORAGE to the database it is for (docs/sweeps.md)")
     if dialect == "sqlite":
         connect["timeout"] = SQLITE_BUSY_TIMEOUT_S
     elif dialect in ("postgresql", "mysql", "mariadb"):
@@ -62,8 +67,9 @@ def open_storage(url: str, password: str | None = None) -> Any:
 
     if url.startswith("sqlite:///"):
         Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    options = engine_kwargs(url, password)  # a password SQLite cannot take: refused here
     try:
-        return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs(url, password))
+        return optuna.storages.RDBStorage(url, engine_kwargs=options)
     except Exception as exc:  # the driver's, SQLAlchemy's or Optuna's: all say "cannot"
         raise StorageError(
             f"the sweep's study storage {shown_storage(url)} cannot be opened: "
