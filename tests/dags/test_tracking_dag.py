@@ -1,0 +1,111 @@
+"""Issue 46 through the DAG with ``dag.test()`` and a real ``mlflow server`` process:
+
+- a ``keras_retrain`` run with a 3-trial sweep is one MLflow run (every task writes to
+  it: stage's Airflow tags, the trials as its 3 children with their epochs, publish's
+  version, promote's end), its version registered and ``champion`` on it;
+- a second DAG run is a second MLflow run;
+- ``promote_model`` (what the Models page's form triggers) moves ``champion`` on a
+  rollback, and ``serving/<name>/`` gets the older model as its highest number.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from tools.mlflow_server import MlflowServer
+from tools.services import free_port_block
+
+pytestmark = pytest.mark.slow
+
+NAME = "dag-tracked"
+SPACE = {"fit.learning_rate": {"choices": [0.003, 0.01, 0.03]}}
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory):
+    server = MlflowServer(tmp_path_factory.mktemp("mlflow"), free_port_block(1))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def dagbag(airflow_db, s3_server, monkeypatch, mlflow_server):
+    from airflow.dag_processing.dagbag import DagBag
+
+    monkeypatch.setenv("TRAINING_STORE_URI", f"s3://{s3_server.create_bucket()}/team")
+    monkeypatch.setenv("AIRFLOW_CONN_AWS_DEFAULT", json.dumps(s3_server.connection()))
+    monkeypatch.setenv("TRAINING_MLFLOW_TRACKING_URI", mlflow_server.url)
+    from training.tracking import tracker_from_env
+
+    tracker_from_env.cache_clear()  # this process's tracker: the server's
+    yield DagBag(os.environ["AIRFLOW__CORE__DAGS_FOLDER"])
+    tracker_from_env.cache_clear()
+
+
+def test_a_dag_run_with_a_sweep_is_one_mlflow_run_and_promote_model_moves_champion(
+        dagbag, mlflow_server, s3_server):
+    import mlflow
+
+    from training.registry import open_store
+    from training.registry.serving import ServingLayout
+
+    dag = dagbag.dags["keras_retrain"]
+    conf = {"epochs": 2, "min_accuracy": 0, "model_name": NAME, "backup_interval_s": 0,
+            "sweep_trials": 3, "sweep_parallel": 2, "sweep_sampler": "grid",
+            "sweep_pruner": "none", "sweep_space": SPACE}
+    first = dag.test(run_conf=conf)
+    assert str(first.state) == "success"
+    # A DAG object keeps a dag.test's conf in its params: the second night, a plain
+    # run, on the DAG parsed again.
+    from airflow.dag_processing.dagbag import DagBag
+
+    plain = DagBag(os.environ["AIRFLOW__CORE__DAGS_FOLDER"]).dags["keras_retrain"]
+    second = plain.test(run_conf={"epochs": 1, "min_accuracy": 0, "model_name": NAME,
+                                  "backup_interval_s": 0, "force_train": True,
+                                  "force_promote": True})
+    assert str(second.state) == "success"
+
+    client = mlflow.MlflowClient(tracking_uri=mlflow_server.url,
+                                 registry_uri=mlflow_server.url)
+    experiment = client.get_experiment_by_name(NAME)
+    runs = client.search_runs([experiment.experiment_id], max_results=50)
+    parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    # One MLflow run per DAG run, whatever number of tasks wrote to it.
+    assert sorted(r.data.tags["airflow.run_id"] for r in parents) == sorted(
+        [first.run_id, second.run_id])
+    night = next(r for r in parents if r.data.tags["airflow.run_id"] == first.run_id)
+    assert night.data.tags["airflow.dag_id"] == "keras_retrain"
+    assert night.data.tags["airflow.url"].endswith(
+        f"/dags/keras_retrain/runs/{first.run_id}".replace(":", "%3A").replace("+", "%2B"))
+    assert night.data.tags["data.fingerprint"]
+    assert night.info.status == "FINISHED"
+    assert night.data.params["sweep.trials"] == "3"
+    other = next(r for r in parents if r.data.tags["airflow.run_id"] == second.run_id)
+    assert other.data.params["sweep.trials"] == "0"
+    assert other.data.tags["published.version"] == other.data.tags["pipeline.run_id"]
+    assert [m.step for m in client.get_metric_history(other.info.run_id, "loss")] == [0]
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == night.info.run_id]
+    assert len(children) == 3
+    for child in children:
+        assert [m.step for m in client.get_metric_history(child.info.run_id, "val_loss")] \
+            == [0, 1]
+        assert child.data.tags["pipeline.state"] == "complete"
+    picked = night.data.tags["published.version"]
+    assert picked.startswith(night.data.tags["pipeline.run_id"] + "-t")
+    assert "test_accuracy" in night.data.metrics and "decision.promote" in night.data.tags
+    # The second night is champion now; the Models page's form rolls back to the first.
+    champion = client.get_model_version_by_alias(NAME, "champion")
+    assert champion.tags["pipeline.version"] != picked
+    rollback = dagbag.dags["promote_model"].test(run_conf={
+        "model_name": NAME, "version": picked, "action": "rollback",
+        "reason": "the second night is worse"})
+    assert str(rollback.state) == "success"
+    assert client.get_model_version_by_alias(NAME, "champion").tags[
+        "pipeline.version"] == picked
+    serving = ServingLayout(open_store(os.environ["TRAINING_STORE_URI"], s3_server.options()))
+    assert serving.served(NAME) == 3
+    assert serving.index(NAME)[-1] == {"number": 3, "version": picked}
