@@ -199,10 +199,14 @@ def test_mlflow_shows_the_demos_runs_the_sweep_and_the_champion(clone: Path, bro
         plain = _mlflow_api("experiments/get-by-name", experiment_name="digits-mlp")
         assert _search(plain["experiment"]["experiment_id"])
         # The UI, as a person opens it: the sweep's runs, then the registered model.
-        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        page = browser.new_page(viewport={"width": 1600, "height": 1000})
         page.goto("http://127.0.0.1:5000/#/experiments/"
-                  f"{swept['experiment']['experiment_id']}")
+                  f"{swept['experiment']['experiment_id']}/runs")
         page.get_by_text(parents[0]["pipeline.run_id"]).first.wait_for()
+        # The parent's row opens on its children: the sweep's trials.
+        page.locator("button[data-component-id*='runnamecellrenderer']").first.click()
+        for child in children:
+            page.get_by_text(child["pipeline.run_id"]).first.wait_for()
         page.screenshot(path=str(artifacts_dir() / "mlflow-sweep-runs.png"), full_page=True)
         page.goto("http://127.0.0.1:5000/#/models/digits-swept")
         page.get_by_text("champion").first.wait_for()
