@@ -96,7 +96,8 @@ class SweepConfig(Section):
     )
     max_failed: int = setting(
         0, "Failed trials the sweep tolerates; with more, or with none completed, the "
-        "sweep fails naming every failure. Pruned trials are not failures.",
+        "sweep fails naming the failed trials, their values and reasons (the first three, "
+        "then how many more). Pruned trials are not failures.",
         key="sweep_max_failed", minimum=0, maximum=MAX_TRIALS,
     )
     timeout_minutes: int = setting(

@@ -19,7 +19,7 @@ study and pruning decisions taken there; at the end, the best completed trial an
   ``budget``: the sweep's time budget;
 - ``trial``: a trial's config and run directory;
 - ``pruning``: the Keras callback that reports each epoch and stops a pruned trial;
-- ``pick``: the best completed trial, or an error naming every failure;
+- ``pick``: the best completed trial, or an error naming the failed trials;
 - ``record``: ``sweep.json``.
 
 This package imports nothing itself, so the config section can use ``space`` without

@@ -1,4 +1,4 @@
-"""The sweep's winner: the best completed trial, or an error naming every failure.
+"""The sweep's winner: the best completed trial, or an error naming the failed trials.
 
 A sweep goes on with its best completed trial (by the objective, in its direction; a
 tie goes to the lower trial number) as long as it failed no more than
