@@ -61,7 +61,8 @@ class MlflowTracker(RegistryMirror):
         self._runs: dict[tuple[str, str], str] = {}
         self._calls: queue.Queue[Callable[[], Any]] = queue.Queue()
         self._ready = threading.Event()
-        threading.Thread(target=self._send, name="mlflow-tracking", daemon=True).start()
+        self._sender: threading.Thread | None = None
+        self._starting = threading.Lock()
         atexit.register(self.flush)
 
     def __repr__(self) -> str:
@@ -89,8 +90,19 @@ class MlflowTracker(RegistryMirror):
             finally:
                 self._calls.task_done()
 
+    def warm(self) -> None:
+        """Start loading MLflow now, in the sender (a process that will track soon: a
+        trial's task while its trial trains). A process that asks for nothing (a
+        validation, ``models list``) never loads it."""
+        with self._starting:
+            if self._sender is None:
+                self._sender = threading.Thread(target=self._send, name="mlflow-tracking",
+                                                daemon=True)
+                self._sender.start()
+
     def _later(self, what: str, call: Callable[[], Any]) -> None:
         if not self.stopped:
+            self.warm()
             self._calls.put(lambda: self._safely(what, call))
 
     def flush(self, timeout_s: float = 120.0) -> bool:
@@ -143,6 +155,7 @@ class MlflowTracker(RegistryMirror):
 
     def sync(self, registry: Any) -> dict[str, Any]:
         """The registry's mirror repaired (``RegistryMirror._sync``), here and now."""
+        self.warm()
         self.flush()
         self._ready.wait()
         return self._sync(registry)
