@@ -229,9 +229,11 @@ class ProductionStack:
     def start(self) -> None:
         self.logs.mkdir(parents=True, exist_ok=True)
         for service in self.services.values():
-            service.start()
+            if service is not self.mlflow:
+                service.start()
         for line in preflight.check(self.env):
             print(f"  ok: {line}", flush=True)
+        self.mlflow.start()  # after the checks: a wrong setting stops the stack sooner
         self.migrate()
         # The logs are appended to across starts: only what this start writes counts.
         seen = {name: _size(self.logs / f"{name}.log")
