@@ -66,7 +66,8 @@ class ModelRegistry(ProductionPointer, ModelLoading):
         moves (``check_runs``). Only tests of the pointer itself, on stores of fake
         files, turn it off. ``serving_keep``: the serving layout's folders kept
         (``serving.py``). ``followers``: told of every move of the pointer
-        (``pointer_moved(name, pointer)``; the MLflow mirror, ``training.tracking``)."""
+        (``pointer_moved(name, pointer, store_uri)``; the MLflow mirror,
+        ``training.tracking``)."""
         self.store = store
         self.check_model = check_model
         self.serving_keep = serving_keep
