@@ -39,8 +39,11 @@ def test_a_killed_gpu_worker_is_retried_and_the_retry_resumes(production_stack: 
     from the backup; one version is published."""
     stack = production_stack
     before = stack.versions()
-    run_id = stack.trigger({"accelerator": "gpu", "force_train": True, "epochs": 12,
-                            "early_stopping_patience": 12,
+    # Epochs to spare after the kill at epoch 4: under the whole suite digits trained
+    # 0.3 s an epoch, and 12 had all ended before the kill landed (the test then failed
+    # without the fault it is for).
+    run_id = stack.trigger({"accelerator": "gpu", "force_train": True, "epochs": 60,
+                            "early_stopping_patience": 60,
                             "backup_interval_s": 0})  # a backup every epoch: digits is fast
     stack.wait_task(run_id, "train", {"running"})
     stack.wait_line(stack.task_log(run_id, "train"), "Epoch 4/")

@@ -28,7 +28,8 @@ DURATIONS = TESTS / "durations.json"
 WIDE_GROUPS = ("system", "deploy/images", "deploy")
 # Integration modules whose tests share a module-scoped fixture: one group, one worker,
 # so that the fixture is made once (an integration test is otherwise a group alone).
-MODULE_GROUPS = ("tests/integration/test_sweep_cli.py",)  # failing_sweep
+MODULE_GROUPS = ("tests/integration/test_sweep_cli.py",  # failing_sweep
+                 "tests/integration/test_tracking.py")  # one walk: night 1, 2, 3 in order
 
 
 def module(nodeid: str) -> str:
