@@ -14,22 +14,12 @@ import json
 import os
 
 import pytest
-
-from tools.mlflow_server import MlflowServer
-from tools.services import free_port_block
+from support.mlflow_fixture import mlflow_server as mlflow_server  # the fixture
 
 pytestmark = pytest.mark.slow
 
 NAME = "dag-tracked"
 SPACE = {"fit.learning_rate": {"choices": [0.003, 0.01, 0.03]}}
-
-
-@pytest.fixture(scope="module")
-def mlflow_server(tmp_path_factory):
-    server = MlflowServer(tmp_path_factory.mktemp("mlflow"), free_port_block(1))
-    server.start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture

@@ -36,8 +36,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from support.cli import cli, last_json, one_error_line, streamed
+from support.mlflow_fixture import mlflow_server as mlflow_server  # the fixture
 
-from tools.mlflow_server import MlflowServer
 from tools.services import free_port_block
 from training import layout
 
@@ -46,14 +46,6 @@ pytestmark = pytest.mark.slow
 NAME = "tracked-mlp"
 SPACE = {"fit.learning_rate": {"choices": [0.003, 0.01, 0.03]}}
 QUICK = ["--backup-interval-s", "0", "--min-accuracy", "0", "--epochs", "2"]
-
-
-@pytest.fixture(scope="module")
-def mlflow_server(tmp_path_factory):
-    server = MlflowServer(tmp_path_factory.mktemp("mlflow"), free_port_block(1))
-    server.start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture(scope="module")
