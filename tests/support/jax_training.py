@@ -43,7 +43,12 @@ def train_in_jax(staged: Any, runs: dict[str, dict], out: Path, devices: int) ->
         [sys.executable, "-m", "support.jax_training", os.fspath(spec), os.fspath(out)],
         cwd=ROOT / "tests", capture_output=True, text=True, timeout=600,
         env={**os.environ, "JAX_NUM_CPU_DEVICES": str(devices), "KERAS_BACKEND": "jax",
-             "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}"})
+             "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}",
+             # one thread a matmul: the callers compare weights bit for bit, and Eigen's
+             # threads split a product's sums as the busy machine's scheduling falls (under
+             # the whole suite, two runs of equal input once ended 1e-3 apart)
+             "XLA_FLAGS": " ".join(filter(None, (os.environ.get("XLA_FLAGS"),
+                                                 "--xla_cpu_multi_thread_eigen=false")))})
     assert proc.returncode == 0, proc.stderr[-4000:]
     return Trained(json.loads((out / "report.json").read_text()),
                    {name: list(np.load(out / f"{name}.npz").values()) for name in runs},

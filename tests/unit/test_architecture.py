@@ -118,8 +118,8 @@ ENVIRONMENT_READERS = {
                                                 "for the patches",
     "training/launch/command.py": "a step's child inherits the task's environment",
     "training/backend.py": "KERAS_BACKEND, Keras's contract with each process",
-    "training/tracking/mlflow_tracker.py": "MLflow's client reads its HTTP retries and "
-                                           "timeout (MLFLOW_HTTP_REQUEST_*) there",
+    "training/tracking/sender.py": "MLflow's client reads its HTTP retries and "
+                                   "timeout (MLFLOW_HTTP_REQUEST_*) there",
     "plugins/training_airflow/preflight.py": "the checks are of the environment itself",
 }
 

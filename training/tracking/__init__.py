@@ -3,8 +3,8 @@
 A room, not a thread through the code: the steps, the CLI and the Airflow tasks hand
 ``Tracker`` what they already produce (the frozen config, each epoch's scalars, the
 evaluation, the published version, sweep.json, a move of the production pointer), and
-only ``mlflow_tracker.py`` and ``mirror.py`` turn that into MLflow calls. Nothing else
-imports MLflow, and with no tracking URI (the deployment's
+only ``mlflow_tracker.py``, ``mirror.py`` and ``sender.py`` turn that into MLflow
+calls. Nothing else imports MLflow, and with no tracking URI (the deployment's
 ``TRAINING_MLFLOW_TRACKING_URI`` or ``MLFLOW_TRACKING_URI``, empty by default) nothing
 imports it at all: ``open_tracker("")`` is ``NO_TRACKING``, whose calls do nothing.
 

@@ -1,17 +1,9 @@
 """The MLflow calls of a pipeline run: found by its tag, params, epochs, the evaluation.
 
-``MlflowTracker`` is what ``open_tracker`` returns when tracking is on. Every call goes
-through ``_safely``: a server that does not answer logs one warning naming what failed
-and why, and the tracker is off for the rest of the process, so a night never waits on
-or fails for MLflow; a call the server refuses (say, a model version whose source is a
-local path, which a remote server does not take) is a warning for that call alone. The
-client retries an HTTP call once and waits at most ``MLFLOW_HTTP_REQUEST_TIMEOUT`` (10 s
-here unless set).
-
-MLflow is imported, and every call made, by one sender thread, in the order asked for:
-importing MLflow takes seconds, and the training process, a trial's task or a promotion
-never waits for it or for the server; ``flush`` (at the end of a task, and at exit)
-waits until the calls asked for are made.
+``MlflowTracker`` is what ``open_tracker`` returns when tracking is on. Each call the
+pipeline makes is handed to the sender (``sender.py``: one thread imports MLflow and makes
+the calls in order, and a server that does not answer turns tracking off for the process)
+and returns at once; the ``_`` methods here are what the sender runs.
 
 A pipeline run's MLflow run is in the experiment named after the model and carries the
 tag ``pipeline.run_id``; any process finds it by that tag and creates it when none has
@@ -20,104 +12,31 @@ tag ``pipeline.run_id``; any process finds it by that tag and creates it when no
 
 from __future__ import annotations
 
-import atexit
-import logging
 import os
-import queue
-import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from training.tracking.mirror import RegistryMirror
 from training.tracking.params import clean, flat_params
-
-log = logging.getLogger("training")
+from training.tracking.sender import MlflowSender
 
 RUN_TAG = "pipeline.run_id"
 PARENT_TAG = "mlflow.parentRunId"
 
 
-def _unreachable(exc: BaseException) -> bool:
-    """Whether ``exc`` says the server could not be reached (MLflow wraps requests'
-    connection errors in an MlflowException that names them)."""
-    text = f"{type(exc).__name__}: {exc}"
-    return isinstance(exc, (OSError, TimeoutError)) or any(
-        mark in text for mark in ("Max retries exceeded", "Connection refused",
-                                  "ConnectionError", "timed out", "Read timed out",
-                                  "NewConnectionError", "RemoteDisconnected"))
-
-
-class MlflowTracker(RegistryMirror):
+class MlflowTracker(MlflowSender, RegistryMirror):
     """One tracking server's runs and registry (module doc)."""
 
     enabled = True
 
     def __init__(self, uri: str) -> None:
-        self.uri = uri
-        self.client: Any = None
-        self.stopped: str | None = None
+        super().__init__(uri)
         self._runs: dict[tuple[str, str], str] = {}
-        self._calls: queue.Queue[Callable[[], Any]] = queue.Queue()
-        self._ready = threading.Event()
-        self._sender: threading.Thread | None = None
-        self._starting = threading.Lock()
-        atexit.register(self.flush)
 
     def __repr__(self) -> str:
         return f"MlflowTracker({self.uri!r})"
-
-    # -- the sender: MLflow imported and called off the caller's thread
-
-    def _send(self) -> None:
-        """Import MLflow (seconds: never on a training step's path), then make the
-        calls in the order they were asked for."""
-        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
-        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
-        os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
-
-        def connect() -> None:
-            import mlflow
-
-            self.client = mlflow.MlflowClient(tracking_uri=self.uri, registry_uri=self.uri)
-        self._safely("loading MLflow's client", connect)
-        self._ready.set()
-        while True:
-            call = self._calls.get()
-            try:
-                call()
-            finally:
-                self._calls.task_done()
-
-    def warm(self) -> None:
-        """Start loading MLflow now, in the sender (a process that will track soon: a
-        trial's task while its trial trains). A process that asks for nothing (a
-        validation, ``models list``) never loads it."""
-        with self._starting:
-            if self._sender is None:
-                self._sender = threading.Thread(target=self._send, name="mlflow-tracking",
-                                                daemon=True)
-                self._sender.start()
-
-    def _later(self, what: str, call: Callable[[], Any]) -> None:
-        if not self.stopped:
-            self.warm()
-            self._calls.put(lambda: self._safely(what, call))
-
-    def flush(self, timeout_s: float = 120.0) -> bool:
-        """Wait until every call asked for so far was made (or tracking stopped), at
-        most ``timeout_s``; whether it was. A process calls it before it exits (also at
-        exit); a task, before it ends."""
-        deadline = time.monotonic() + timeout_s
-        while self._calls.unfinished_tasks and time.monotonic() < deadline:
-            time.sleep(0.02)
-        if self._calls.unfinished_tasks:
-            log.warning("warning: MLflow tracking: %d calls not made in %.0f s (%s); the "
-                        "run goes on without them", self._calls.unfinished_tasks, timeout_s,
-                        self.uri)
-            return False
-        return True
 
     # What the pipeline calls: each asks the sender, and returns at once.
 
@@ -159,22 +78,6 @@ class MlflowTracker(RegistryMirror):
         self.flush()
         self._ready.wait()
         return self._sync(registry)
-
-    def _safely(self, what: str, call: Callable[[], Any]) -> Any:
-        if self.stopped:
-            return None
-        try:
-            return call()
-        except Exception as exc:  # noqa: BLE001 - tracking never fails a night
-            reason = f"{what}: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
-            if not _unreachable(exc):  # the server answered: this call alone is refused
-                log.warning("warning: MLflow refused %s (%s); tracking goes on", what, reason)
-                return None
-            self.stopped = reason
-            log.warning("warning: MLflow tracking stopped for this process (%s at %s); the "
-                        "run goes on, and `python -m training models sync-mlflow` repairs "
-                        "the registry's mirror later", self.stopped, self.uri)
-            return None
 
     # -- the run
 
