@@ -44,9 +44,9 @@ def train_in_jax(staged: Any, runs: dict[str, dict], out: Path, devices: int) ->
         cwd=ROOT / "tests", capture_output=True, text=True, timeout=600,
         env={**os.environ, "JAX_NUM_CPU_DEVICES": str(devices), "KERAS_BACKEND": "jax",
              "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}",
-             # one thread a matmul: the callers compare weights bit for bit, and Eigen's
-             # threads split a product's sums as the busy machine's scheduling falls (under
-             # the whole suite, two runs of equal input once ended 1e-3 apart)
+             # one thread a matmul: the callers compare weights bit for bit; under the
+             # whole suite two runs of equal input once ended 1e-3 apart, and Eigen's
+             # threaded products are the one part of the step that depends on timing
              "XLA_FLAGS": " ".join(filter(None, (os.environ.get("XLA_FLAGS"),
                                                  "--xla_cpu_multi_thread_eigen=false")))})
     assert proc.returncode == 0, proc.stderr[-4000:]
