@@ -15,7 +15,7 @@ import asyncio
 import time
 
 import pytest
-from support.fake_kubernetes import NAMESPACE, Plan, running_cluster
+from support.fake_kubernetes import NAMESPACE, Plan, running_cluster, two_pod_config
 
 from training.config import RunConfig
 from training.launch import kubernetes as k8s
@@ -34,10 +34,7 @@ def cluster(monkeypatch):
 
 @pytest.fixture
 def cfg() -> RunConfig:
-    return RunConfig.from_flat({
-        "launcher": "kubernetes", "workers": 2, "epochs": 3, "run_id": RUN_ID,
-        "output_dir": "/data/training/runs", "staging_dir": "/data/training/datasets",
-    })
+    return two_pod_config(RUN_ID)
 
 
 class Recorded:

@@ -32,6 +32,7 @@ from support.fake_kubernetes import (
     TOKEN,
     Plan,
     running_cluster,
+    two_pod_config,
 )
 
 from training.config import RunConfig
@@ -51,10 +52,7 @@ def cluster(monkeypatch):
 
 @pytest.fixture
 def cfg() -> RunConfig:
-    return RunConfig.from_flat({
-        "launcher": "kubernetes", "workers": 2, "epochs": 3, "run_id": RUN_ID,
-        "output_dir": "/data/training/runs", "staging_dir": "/data/training/datasets",
-    })
+    return two_pod_config(RUN_ID)
 
 
 @pytest.fixture

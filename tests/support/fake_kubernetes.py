@@ -16,7 +16,11 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import TYPE_CHECKING
 from urllib.parse import parse_qs, urlparse
+
+if TYPE_CHECKING:
+    from training.config import RunConfig
 
 INDEX_KEY = "batch.kubernetes.io/job-completion-index"
 TOKEN = f"fake-bearer-{uuid.uuid4().hex}"
@@ -274,6 +278,17 @@ def _status_body(code: int, reason: str, message: str) -> dict:
 
 
 # --- fixtures -------------------------------------------------------------------------
+
+
+def two_pod_config(run_id: str) -> RunConfig:
+    """The run the Kubernetes DAG tests launch: two pods, three epochs, the paths a pod
+    sees on its volume."""
+    from training.config import RunConfig
+
+    return RunConfig.from_flat({
+        "launcher": "kubernetes", "workers": 2, "epochs": 3, "run_id": run_id,
+        "output_dir": "/data/training/runs", "staging_dir": "/data/training/datasets",
+    })
 
 
 @contextlib.contextmanager
