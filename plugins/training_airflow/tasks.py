@@ -155,6 +155,7 @@ class ValidateOperator(Step):
             raise AirflowFailException(str(exc)) from exc
         if checked["skip"]:
             context["ti"].xcom_push(key=SKIP_XCOM, value=checked["reason"])
+            tracking.ended(self, cfg, context, "skipped", checked["reason"])  # nothing follows
             raise AirflowSkipException(checked["reason"])
         return checked
 

@@ -74,7 +74,11 @@ def evaluated(task: Any, cfg: Any, context: Any, evaluation: dict[str, Any]) -> 
         tracker().flush()
 
 
-def ended(task: Any, cfg: Any, context: Any, state: str = "complete") -> None:
-    """The run's end, after what the promotion moved (``champion``) was sent."""
-    tracker().end(cfg.model_name, pipeline_run_id(task, cfg, context), state)
+def ended(task: Any, cfg: Any, context: Any, state: str = "complete",
+          reason: str = "") -> None:
+    """The run's end: after what the promotion moved (``champion``) was sent, or when
+    ``validate_data`` skips the night (``skipped``, with its reason)."""
+    if not tracker().enabled:
+        return
+    tracker().end(cfg.model_name, pipeline_run_id(task, cfg, context), state, reason)
     tracker().flush()

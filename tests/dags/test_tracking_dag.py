@@ -3,7 +3,8 @@
 - a ``keras_retrain`` run with a 3-trial sweep is one MLflow run (every task writes to
   it: stage's Airflow tags, the trials as its 3 children with their epochs, publish's
   version, promote's end), its version registered and ``champion`` on it;
-- a second DAG run is a second MLflow run;
+- a second DAG run is a second MLflow run; a third, which ``validate_data`` skips (nothing
+  new), is a third run, ended (FINISHED, ``pipeline.state`` skipped, with the reason);
 - ``promote_model`` (what the Models page's form triggers) moves ``champion`` on a
   rollback, and ``serving/<name>/`` gets the older model as its highest number.
 """
@@ -58,6 +59,11 @@ def test_a_dag_run_with_a_sweep_is_one_mlflow_run_and_promote_model_moves_champi
                                   "backup_interval_s": 0, "force_train": True,
                                   "force_promote": True})
     assert str(second.state) == "success"
+    # A third night with nothing new: validate_data skips it, and its MLflow run ends.
+    third = DagBag(os.environ["AIRFLOW__CORE__DAGS_FOLDER"]).dags["keras_retrain"].test(
+        run_conf={"epochs": 1, "min_accuracy": 0, "model_name": NAME,
+                  "backup_interval_s": 0})
+    assert str(third.state) == "success"
 
     client = mlflow.MlflowClient(tracking_uri=mlflow_server.url,
                                  registry_uri=mlflow_server.url)
@@ -66,7 +72,12 @@ def test_a_dag_run_with_a_sweep_is_one_mlflow_run_and_promote_model_moves_champi
     parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
     # One MLflow run per DAG run, whatever number of tasks wrote to it.
     assert sorted(r.data.tags["airflow.run_id"] for r in parents) == sorted(
-        [first.run_id, second.run_id])
+        [first.run_id, second.run_id, third.run_id])
+    skipped = next(r for r in parents if r.data.tags["airflow.run_id"] == third.run_id)
+    assert skipped.info.status == "FINISHED", skipped.info  # not left RUNNING
+    assert skipped.data.tags["pipeline.state"] == "skipped", skipped.data.tags
+    assert "pipeline.reason" in skipped.data.tags and "published.version" not in \
+        skipped.data.tags, skipped.data.tags
     night = next(r for r in parents if r.data.tags["airflow.run_id"] == first.run_id)
     assert night.data.tags["airflow.dag_id"] == "keras_retrain"
     assert night.data.tags["airflow.url"].endswith(

@@ -194,10 +194,11 @@ class MlflowTracker(MlflowSender, RegistryMirror):
 
     def _end(self, model: str, run_id: str, state: str, reason: str = "", *,
             parent_run_id: str | None = None) -> None:
-        """The run's end: ``state`` is ``complete`` (FINISHED), ``pruned`` (KILLED) or
-        ``failed`` (FAILED), with ``reason`` as a tag (a trial's: under
-        ``parent_run_id``)."""
-        status = {"complete": "FINISHED", "pruned": "KILLED"}.get(state, "FAILED")
+        """The run's end: ``state`` is ``complete`` or ``skipped`` (a night with nothing
+        new: FINISHED), ``pruned`` (KILLED) or ``failed`` (FAILED), with ``reason`` as a
+        tag (a trial's: under ``parent_run_id``)."""
+        status = {"complete": "FINISHED", "skipped": "FINISHED",
+                  "pruned": "KILLED"}.get(state, "FAILED")
         mlflow_run = self.run_of(model, run_id, parent_run_id=parent_run_id)
         if mlflow_run is None:
             return
