@@ -40,29 +40,26 @@ def dagbag(airflow_db, s3_server, monkeypatch, mlflow_server):
 def test_a_dag_run_with_a_sweep_is_one_mlflow_run_and_promote_model_moves_champion(
         dagbag, mlflow_server, s3_server):
     import mlflow
+    from airflow.dag_processing.dagbag import DagBag
 
     from training.registry import open_store
     from training.registry.serving import ServingLayout
 
-    dag = dagbag.dags["keras_retrain"]
-    conf = {"epochs": 2, "min_accuracy": 0, "model_name": NAME, "backup_interval_s": 0,
-            "sweep_trials": 3, "sweep_parallel": 2, "sweep_sampler": "grid",
-            "sweep_pruner": "none", "sweep_space": SPACE}
-    first = dag.test(run_conf=conf)
-    assert str(first.state) == "success"
-    # A DAG object keeps a dag.test's conf in its params: the second night, a plain
-    # run, on the DAG parsed again.
-    from airflow.dag_processing.dagbag import DagBag
+    def parsed() -> object:
+        """keras_retrain parsed again: a DAG object keeps a dag.test's conf in its
+        params, so each later night runs on a DAG of its own."""
+        return DagBag(os.environ["AIRFLOW__CORE__DAGS_FOLDER"]).dags["keras_retrain"]
 
-    plain = DagBag(os.environ["AIRFLOW__CORE__DAGS_FOLDER"]).dags["keras_retrain"]
-    second = plain.test(run_conf={"epochs": 1, "min_accuracy": 0, "model_name": NAME,
-                                  "backup_interval_s": 0, "force_train": True,
-                                  "force_promote": True})
+    base = {"min_accuracy": 0, "model_name": NAME, "backup_interval_s": 0}
+    first = dagbag.dags["keras_retrain"].test(run_conf={
+        **base, "epochs": 2, "sweep_trials": 3, "sweep_parallel": 2, "sweep_sampler": "grid",
+        "sweep_pruner": "none", "sweep_space": SPACE})
+    assert str(first.state) == "success"
+    second = parsed().test(run_conf={**base, "epochs": 1, "force_train": True,
+                                     "force_promote": True})
     assert str(second.state) == "success"
     # A third night with nothing new: validate_data skips it, and its MLflow run ends.
-    third = DagBag(os.environ["AIRFLOW__CORE__DAGS_FOLDER"]).dags["keras_retrain"].test(
-        run_conf={"epochs": 1, "min_accuracy": 0, "model_name": NAME,
-                  "backup_interval_s": 0})
+    third = parsed().test(run_conf={**base, "epochs": 1})
     assert str(third.state) == "success"
 
     client = mlflow.MlflowClient(tracking_uri=mlflow_server.url,

@@ -105,16 +105,15 @@ def parent_of(pid: int) -> int:
     return int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
 
 
-def kill_trial_task_mid_epoch(stack: Any, run_id: str, map_index: int) -> list[int]:
+def kill_trial_task_mid_epoch(stack: Any, run_id: str, map_index: int) -> None:
     """SIGKILL of the trial's task process and its training child (a preempted task, its
-    worker alive) while it trains its fifth epoch; the pids killed."""
+    worker alive) while it trains its fifth epoch."""
     stack.wait_line(stack.task_log(run_id, "trial", map_index=map_index), "Epoch 5/",
                     timeout=600)  # the last trial starts when a lane frees
     child = next(pid for pid, cmd in prodstack_processes().items()
                  if "--trial-of" in cmd and re.search(rf"--trial {map_index}( |$)", cmd))
     killed = stack.kill_tree(parent_of(child))  # the task process, the training child
     assert child in killed, killed
-    return killed
 
 
 def test_a_sweep_trains_on_two_workers_survives_a_killed_trial_and_keeps_its_study_in_postgres(
