@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 from support.airflow_ui import dag_page, new_run, open_trigger_form, submit_button
 from support.devstack import DAG_ID, artifacts_dir, quote
+from support.mlflow_fixture import mlflow_s3_environment
 from support.prodstack import MODEL, RUN_TIMEOUT_S
 
 pytestmark = pytest.mark.slow
@@ -121,14 +122,12 @@ def champion_in_mlflow(stack: Any, run_id: str, version: str) -> None:
     keys = stack.secrets()
     config = stack.stack_dir / "aws-config-reader"
     config.write_text("[default]\ns3 =\n    addressing_style = path\n")
-    with pytest.MonkeyPatch.context() as patch:
-        for name, value in {"MLFLOW_TRACKING_URI": url,
-                            "AWS_ENDPOINT_URL_S3": f"http://127.0.0.1:{stack.port + 6}",
-                            "AWS_ACCESS_KEY_ID": keys["STORE_ACCESS_KEY"],
-                            "AWS_SECRET_ACCESS_KEY": keys["STORE_SECRET_KEY"],
-                            "AWS_DEFAULT_REGION": "us-east-1",
-                            "AWS_CONFIG_FILE": os.fspath(config)}.items():
-            patch.setenv(name, value)
+    with mlflow_s3_environment({"MLFLOW_TRACKING_URI": url,
+                                "AWS_ENDPOINT_URL_S3": f"http://127.0.0.1:{stack.port + 6}",
+                                "AWS_ACCESS_KEY_ID": keys["STORE_ACCESS_KEY"],
+                                "AWS_SECRET_ACCESS_KEY": keys["STORE_SECRET_KEY"],
+                                "AWS_DEFAULT_REGION": "us-east-1",
+                                "AWS_CONFIG_FILE": os.fspath(config)}):
         model = mlflow.pyfunc.load_model(f"models:/{MODEL}@champion")
         images = np.random.default_rng(0).integers(0, 256, (4, 8, 8, 1), dtype=np.uint8)
         probabilities = np.asarray(model.predict(images))

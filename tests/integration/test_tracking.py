@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from support.cli import cli, last_json, one_error_line, streamed
+from support.mlflow_fixture import mlflow_s3_environment
 from support.mlflow_fixture import mlflow_server as mlflow_server  # the fixture
 
 from tools.services import free_port_block
@@ -151,9 +152,7 @@ def test_a_sweep_night_is_one_parent_run_its_trials_children_and_its_version_the
     assert champion.source == f"{store}/models/{NAME}/versions/{picked}"
     assert champion.tags["pipeline.version"] == picked
     # The serving layout, by TF Serving's rule, and MLflow's own loading.
-    with pytest.MonkeyPatch.context() as patch:
-        for key, value in env.items():
-            patch.setenv(key, value)
+    with mlflow_s3_environment(env):
         import mlflow
         import tensorflow as tf
 
