@@ -54,6 +54,7 @@ from airflow.sdk import (
 )
 
 from training.deployment import deadline_from_env, retry_delay_from_env, schedule_from_env
+from training_airflow import tracking
 from training_airflow.alerts import on_task_failure
 from training_airflow.approval import ApproveOperator
 from training_airflow.assets import LABELLED_DATA, PRODUCTION_MODEL, STAGED_DATASET
@@ -103,8 +104,9 @@ with DAG(
         "retry_exponential_backoff": 2.0,
         "max_retry_delay": timedelta(minutes=30),
         "execution_timeout": timedelta(hours=1),
-        # Once a task has finally failed (after its retries): one alert (alerts.py).
-        "on_failure_callback": on_task_failure,
+        # Once a task has finally failed (after its retries): one alert (alerts.py), and
+        # the night's MLflow run ended FAILED (tracking.py; off without a tracking URI).
+        "on_failure_callback": [on_task_failure, tracking.on_task_failure],
     },
 ) as dag:
 

@@ -9,7 +9,8 @@ SMTP server whose extra says ``"to"``, and an HTTP endpoint that receives
 nothing, and a receiver that is down or refuses is logged (with the connection id, never
 its URL or password) and reported by ``send``, never raised.
 
-The builders (``task_failed``, ``promoted``, ``rejected``, ``approval_timed_out``)
+The builders (``task_failed``, ``promoted``, ``rejected``, ``approval_timed_out``,
+``mirror_missed``)
 return an ``Alert``; ``on_task_failure`` is an operator's ``on_failure_callback`` and
 ``deadline_missed`` the ``AsyncCallback`` of a ``DeadlineAlert`` (it runs on the
 triggerer, by dotted path). Links point at the UI under ``[api] base_url``.
@@ -169,6 +170,18 @@ def rejected(model_name: str, version: str, reviewer: str, reason: str,
     return Alert("rejected", f"{model_name} {version} was rejected by {reviewer}", [
         f"reviewer: {reviewer}", f"reason: {reason or 'none given'}",
         "production is unchanged"], dict(links), dag_id, run_id)
+
+
+def mirror_missed(model_name: str, version: str, missed: list[str], *, dag_id: str = "",
+                  run_id: str = "") -> Alert:
+    """Production moved, and MLflow's registry did not follow (``tracking.py``)."""
+    return Alert("mlflow_mirror_failed", f"MLflow did not follow {model_name}: "
+                 f"{version} is in production, champion may point elsewhere", [
+                     *(f"not sent: {line}" for line in missed[:5]),
+                     *([f"and {len(missed) - 5} more"] if len(missed) > 5 else []),
+                     "production.json moved and stays the truth; `python -m training "
+                     "models sync-mlflow` repairs MLflow's registry"],
+                 {"run": run_url(dag_id, run_id)} if dag_id else {}, dag_id, run_id)
 
 
 def _duration(waited: Any) -> str:

@@ -71,7 +71,7 @@ def checked_request(params: dict[str, Any], registry: Any) -> tuple[str, str, st
 def move_pointer(params: dict[str, Any], dag_run: Any, airflow_run_id: str) -> dict[str, Any]:
     """The ``promote_model`` task: move production as the form says; what moved."""
     from training.errors import RegistryError, StorageError
-    from training_airflow import alerts
+    from training_airflow import alerts, tracking
     from training_airflow.approval import request_links
     from training_airflow.params import run_id_for
 
@@ -80,6 +80,7 @@ def move_pointer(params: dict[str, Any], dag_run: Any, airflow_run_id: str) -> d
     by = getattr(dag_run, "triggering_user_name", None) or "unknown user"
     at, run_id = dag_run.run_after.isoformat(), run_id_for(airflow_run_id)
     previous = registry.production(model)
+    mark = tracking.missed_mark()
     try:
         if action == "rollback":
             registry.rollback(model, version, run_id=run_id, at=at, note=reason, by=by)
@@ -89,12 +90,12 @@ def move_pointer(params: dict[str, Any], dag_run: Any, airflow_run_id: str) -> d
                              expected_current=previous, by=by)
     except (RegistryError, StorageError) as exc:  # StorageError: corrupt files, a lost race
         _refuse(str(exc))
-    from training.tracking import tracker_from_env
-
-    tracker_from_env().flush()  # the MLflow mirror's champion moved before the task ends
+    tracking.tracker().flush()  # the MLflow mirror's champion moved before the task ends
     if previous == version:
         return {"model_name": model, "version": version, "moved": False, "by": by,
                 "why": f"{version} was already in production"}
+    tracking.alert_if_missed(mark, model, version, dag_id=dag_run.dag_id,
+                             run_id=airflow_run_id)
     alerts.send(alerts.promoted(model, version, previous, [f"{action} by {by}: {reason}"],
                                 by, request_links(model, version),
                                 dag_id=dag_run.dag_id, run_id=airflow_run_id))

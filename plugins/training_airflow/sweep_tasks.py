@@ -88,6 +88,7 @@ class TrialOperator(Step):
     values, objective, run dir)."""
 
     template_fields = ("staged", "slot")
+    ends_run_on_failure = False  # the sweep judges a failed trial (tracking.on_task_failure)
     imports = ("training.steps.sweep", "training.launch.command", "training_airflow.store")
     ui_color = "#ffe8cc"
 

@@ -244,6 +244,7 @@ class PromoteOperator(_ModelStep):
         from training_airflow import alerts
         from training_airflow.approval import request_links
 
+        mark = tracking.missed_mark()
         result = promote.promote(cfg, registry, at=context["dag_run"].run_after.isoformat(),
                                   published=self.published, approval=self.approval)
         tracking.ended(self, cfg, context)
@@ -251,6 +252,8 @@ class PromoteOperator(_ModelStep):
             raise AirflowSkipException("not promoted: " + "; ".join(result["reasons"]))
         name, version = result["model_name"], result["version"]
         dag_run = context["dag_run"]
+        tracking.alert_if_missed(mark, name, version, dag_id=dag_run.dag_id,
+                                 run_id=dag_run.run_id)
         alerts.send(alerts.promoted(name, version, result["previous"], result["reasons"],
                                     result["by"], request_links(name, version),
                                     dag_id=dag_run.dag_id, run_id=dag_run.run_id))

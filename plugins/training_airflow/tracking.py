@@ -6,11 +6,13 @@ without a tracking URI) is handed the pipeline's records by the tasks that make 
 its link, the data fingerprint as tags); ``train``'s child process logs each epoch and
 the evaluation itself (the same library code as the CLI); ``publish`` tags the version
 and registers it; ``promote`` moves ``champion`` through the registry's followers
-(``store.open_registry``) and ends the run. Each task waits (``flush``) until what it
-handed over was sent, so nothing is lost when its process ends; the tracker's own thread
-does the sending (``training.tracking``). Every task finds the same MLflow run by the
-tag ``pipeline.run_id``: the run id of the DAG run's own config, also after a sweep,
-whose picked trial (a child run) the later tasks carry.
+(``store.open_registry``) and ends the run; a task that fails for good ends it FAILED
+(``on_task_failure``, the DAG's failure callback beside the alert), so no failed night
+stays RUNNING in MLflow. Each task waits (``flush``) until what it handed over was sent,
+so nothing is lost when its process ends; the tracker's own thread does the sending
+(``training.tracking``). Every task finds the same MLflow run by the tag
+``pipeline.run_id``: the run id of the DAG run's own config, also after a sweep, whose
+picked trial (a child run) the later tasks carry.
 """
 
 from __future__ import annotations
@@ -82,3 +84,54 @@ def ended(task: Any, cfg: Any, context: Any, state: str = "complete",
         return
     tracker().end(cfg.model_name, pipeline_run_id(task, cfg, context), state, reason)
     tracker().flush()
+
+
+def on_task_failure(context: Any) -> None:
+    """An operator's ``on_failure_callback``: Airflow calls it once the task has failed
+    for good (after its retries). The DAG run's MLflow run ends FAILED, the task and its
+    error as ``pipeline.reason``. A trial's failure is the sweep's to judge (``train``
+    runs after failed trials, ``sweep.max_failed``), so a trial ends nothing here. Before
+    the first step froze the run's config no run was started: nothing to end. Never
+    raises: the failure it follows is the news."""
+    import logging
+
+    from training.config import frozen
+    from training_airflow.alerts import error_line
+    from training_airflow.step import CONFIG_XCOM
+
+    task, ti = context.get("task"), context.get("ti")
+    if task is None or ti is None or not getattr(task, "ends_run_on_failure", True):
+        return
+    try:
+        if not tracker().enabled:
+            return
+        first = next((t for t in task.dag.tasks if getattr(t, "builds_config", False)), None)
+        handed = ti.xcom_pull(task_ids=first.task_id, key=CONFIG_XCOM) if first else None
+        if not handed:
+            return
+        cfg = frozen.thaw(handed)
+        reason = f"{ti.task_id} failed: {error_line(context.get('exception'))}"
+        tracker().end(cfg.model_name, cfg.run_id, "failed", reason)
+        tracker().flush()
+    except Exception:  # noqa: BLE001 - a failure callback never raises
+        logging.getLogger("training").exception("the MLflow run could not be ended")
+
+
+def missed_mark() -> int:
+    """Where this process's list of calls MLflow did not get ends now (before a move of
+    production; ``alert_if_missed`` after it)."""
+    return len(tracker().missed() or [])
+
+
+def alert_if_missed(mark: int, model: str, version: str, *, dag_id: str,
+                    run_id: str) -> None:
+    """After production moved and the tracker flushed: one alert when MLflow did not get
+    a call asked for since ``mark`` (a server down, a call refused after its retry), so
+    the team knows ``champion`` may not be production (docs/tracking.md). The promotion
+    stands either way."""
+    from training_airflow import alerts
+
+    missed = list(dict.fromkeys((tracker().missed() or [])[mark:]))
+    if missed:
+        alerts.send(alerts.mirror_missed(model, version, missed, dag_id=dag_id,
+                                         run_id=run_id))

@@ -392,12 +392,13 @@ def test_the_promote_model_form_needs_every_field(dagbag):
 
 
 def test_failures_and_late_runs_alert(dag):
+    from training_airflow import tracking
     from training_airflow.alerts import on_task_failure
 
-    for task in dag.tasks:
+    for task in dag.tasks:  # an alert, and the night's MLflow run ended
         callbacks = task.on_failure_callback
         callbacks = callbacks if isinstance(callbacks, list) else [callbacks]
-        assert callbacks == [on_task_failure], task.task_id
+        assert callbacks == [on_task_failure, tracking.on_task_failure], task.task_id
     # The deadline as a deployment gets it (the tests run without one: conftest.py).
     code = ("import os\nfrom airflow.dag_processing.dagbag import DagBag\n"
             "[late] = DagBag(os.environ['AIRFLOW__CORE__DAGS_FOLDER'])"

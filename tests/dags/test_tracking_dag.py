@@ -5,6 +5,7 @@
   version, promote's end), its version registered and ``champion`` on it;
 - a second DAG run is a second MLflow run; a third, which ``validate_data`` skips (nothing
   new), is a third run, ended (FINISHED, ``pipeline.state`` skipped, with the reason);
+  a fourth, whose ``validate_data`` refuses the data, ends FAILED with the task's error;
 - ``promote_model`` (what the Models page's form triggers) moves ``champion`` on a
   rollback, and ``serving/<name>/`` gets the older model as its highest number.
 """
@@ -61,6 +62,11 @@ def test_a_dag_run_with_a_sweep_is_one_mlflow_run_and_promote_model_moves_champi
     # A third night with nothing new: validate_data skips it, and its MLflow run ends.
     third = parsed().test(run_conf={**base, "epochs": 1})
     assert str(third.state) == "success"
+    # A fourth whose validate_data refuses the data (a task failed for good): its MLflow
+    # run ends FAILED, the task and its error the reason (tracking.on_task_failure).
+    fourth = parsed().test(run_conf={**base, "epochs": 1, "force_train": True,
+                                     "min_examples_per_class": 1_000_000})
+    assert str(fourth.state) == "failed"
 
     client = mlflow.MlflowClient(tracking_uri=mlflow_server.url,
                                  registry_uri=mlflow_server.url)
@@ -69,7 +75,13 @@ def test_a_dag_run_with_a_sweep_is_one_mlflow_run_and_promote_model_moves_champi
     parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
     # One MLflow run per DAG run, whatever number of tasks wrote to it.
     assert sorted(r.data.tags["airflow.run_id"] for r in parents) == sorted(
-        [first.run_id, second.run_id, third.run_id])
+        [first.run_id, second.run_id, third.run_id, fourth.run_id])
+    refused = next(r for r in parents if r.data.tags["airflow.run_id"] == fourth.run_id)
+    assert refused.info.status == "FAILED", refused.info  # not left RUNNING
+    assert refused.data.tags["pipeline.state"] == "failed", refused.data.tags
+    assert refused.data.tags["pipeline.reason"].startswith(
+        "validate_data failed: ") and "1000000" in refused.data.tags[
+        "pipeline.reason"], refused.data.tags
     skipped = next(r for r in parents if r.data.tags["airflow.run_id"] == third.run_id)
     assert skipped.info.status == "FINISHED", skipped.info  # not left RUNNING
     assert skipped.data.tags["pipeline.state"] == "skipped", skipped.data.tags

@@ -16,7 +16,9 @@ them, so no training is paid twice):
    predictions;
 3. night-3 with the server killed during its first epoch succeeds, its log says why
    tracking stopped; ``models sync-mlflow`` then registers night-3 and puts champion
-   on production.
+   on production;
+4. the Models page's task promotes night-2 with no server at the tracking URI: it
+   stands, and one alert says what MLflow did not get.
 
 Bad input (no training): a malformed URI, a URI with a password: exit 2, one line,
 naming the setting, nothing staged.
@@ -27,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -281,3 +284,55 @@ def test_a_tracking_uri_that_cannot_work_is_refused_before_staging(tmp_path, uri
     assert "TRAINING_MLFLOW_TRACKING_URI" in line and says in line, line
     assert "hunter2" not in proc.stderr + proc.stdout
     assert not (tmp_path / "datasets").exists() and not (tmp_path / "runs").exists()
+
+
+def test_a_move_mlflow_does_not_get_stands_and_sends_one_alert(walk, mlflow_server,
+                                                                s3_server, monkeypatch):
+    """The Models page's task (``move_pointer``) promotes night-2 with no MLflow server
+    at the tracking URI: production and the serving layout move, champion stays, and
+    one alert (a real webhook receiver) says what MLflow did not get and how to repair
+    it, besides the promotion's own."""
+    from datetime import UTC, datetime
+    from types import SimpleNamespace
+
+    from support.receivers import webhook_connection, webhook_receiver
+
+    from training.registry import open_store
+    from training.registry.serving import ServingLayout
+    from training.tracking import tracker_from_env
+    from training_airflow.manual_promotion import move_pointer
+
+    work, store, env, _ = walk
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")
+    down = socket.socket()  # bound and never listening: nothing else takes its port
+    down.bind(("127.0.0.1", 0))
+    monkeypatch.setenv("TRAINING_MLFLOW_TRACKING_URI",
+                       f"http://127.0.0.1:{down.getsockname()[1]}")
+    monkeypatch.setenv("TRAINING_STORE_URI", store)
+    monkeypatch.setenv("AIRFLOW_CONN_AWS_DEFAULT", json.dumps(s3_server.connection()))
+    run = SimpleNamespace(dag_id="promote_model", triggering_user_name="alice",
+                          run_after=datetime(2026, 12, 7, tzinfo=UTC))
+    with webhook_receiver() as webhook:
+        monkeypatch.setenv("AIRFLOW_CONN_TRAINING_ALERTS_WEBHOOK",
+                           webhook_connection(webhook.server_address[1], "/hook"))
+        tracker_from_env.cache_clear()
+        try:
+            moved = move_pointer({"model_name": NAME, "version": "night-2",
+                                  "action": "promote", "reason": "night-2 after all"},
+                                 run, "manual__2026-12-07")
+        finally:
+            tracker_from_env.cache_clear()
+            down.close()
+        sent = [request["json"] for request in webhook.requests if request["path"] == "/hook"]
+    assert moved["moved"] and moved["from"] == "night-3", moved
+    assert ServingLayout(open_store(store)).index(NAME)[-1]["version"] == "night-2"
+    assert [alert["kind"] for alert in sent] == ["mlflow_mirror_failed", "promoted"], sent
+    mirror = sent[0]
+    assert mirror["subject"].startswith(f"MLflow did not follow {NAME}: night-2"), mirror
+    assert any(line.startswith(f"not sent: registering {NAME} version night-2")
+               for line in mirror["lines"]), mirror
+    assert "models sync-mlflow" in mirror["text"]
+    assert _client(mlflow_server).get_model_version_by_alias(NAME, "champion").tags[
+        "pipeline.version"] == "night-3"  # MLflow's champion did not move

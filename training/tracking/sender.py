@@ -45,6 +45,7 @@ class MlflowSender:
         self.uri = uri
         self.client: Any = None
         self.stopped: str | None = None
+        self._missed: list[str] = []  # each call not made, and why (``missed``)
         self._calls: queue.Queue[Callable[[], Any]] = queue.Queue()
         self._ready = threading.Event()
         self._sender: threading.Thread | None = None
@@ -82,9 +83,16 @@ class MlflowSender:
                 self._sender.start()
 
     def _later(self, what: str, call: Callable[[], Any]) -> None:
-        if not self.stopped:
-            self.warm()
-            self._calls.put(lambda: self._safely(what, call))
+        if self.stopped:
+            self._missed.append(f"{what}: not sent, tracking had stopped ({self.stopped})")
+            return
+        self.warm()
+        self._calls.put(lambda: self._safely(what, call))
+
+    def missed(self) -> list[str]:
+        """Each call this process asked for and MLflow did not get, and why, oldest
+        first: what a promotion's task reports in an alert (``training_airflow``)."""
+        return list(self._missed)
 
     def flush(self, timeout_s: float = 120.0) -> bool:
         """Wait until every call asked for so far was made (or tracking stopped), at
@@ -102,11 +110,13 @@ class MlflowSender:
 
     def _safely(self, what: str, call: Callable[[], Any]) -> Any:
         if self.stopped:
+            self._missed.append(f"{what}: not sent, tracking had stopped ({self.stopped})")
             return None
         try:
             return call()
         except Exception as exc:  # noqa: BLE001 - tracking never fails a night
             reason = f"{what}: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+            self._missed.append(reason)
             if not _unreachable(exc):  # the server answered: this call alone is refused
                 log.warning("warning: MLflow refused %s (%s); tracking goes on", what, reason)
                 return None
