@@ -91,6 +91,14 @@ class Step(BaseOperator):
     def execute(self, context: Any) -> Any:
         return self._step(context)
 
+    def defer(self, **kwargs: Any) -> None:
+        """``BaseOperator.defer``, after a warning in the task log when no triggerer
+        runs (``triggerer_health.py``: Airflow would let the task wait in silence)."""
+        from training_airflow.triggerer_health import say_if_no_triggerer
+
+        say_if_no_triggerer(self.log)
+        super().defer(**kwargs)
+
     def resume(self, context: Any, event: Any = None) -> Any:
         """The task back from its trigger (``defer(method_name="resume")``): the step
         again, ``self.event`` the trigger's event, which the launch it deferred from
