@@ -45,11 +45,14 @@ def launch_kubernetes(operator: Any, cfg: Any, context: Any = None) -> dict[str,
 
     from training.launch.kubernetes import KubernetesOptions, TrainingJob
     from training.launch.kubernetes.follow import job_state
+    from training.launch.kubernetes.options import with_tracking
 
     deployment = operator.deployment
     conn_id = deployment.kubernetes_conn_id
-    # Every check (settings, config, objects) before any connection is made.
-    options = KubernetesOptions.from_env(deployment.kubernetes_env)
+    # Every check (settings, config, objects) before any connection is made; the pods
+    # track to the deployment's MLflow server, as the local launcher's child does.
+    options = with_tracking(KubernetesOptions.from_env(deployment.kubernetes_env),
+                            deployment.tracking_uri)
     job = TrainingJob(cfg, options, operator.log,
                       identity=f"the Airflow connection {conn_id!r}", staged=operator.staged)
     operator.launch = job

@@ -454,3 +454,23 @@ def test_a_long_wait_in_the_queue_is_logged_every_minute_and_never_fails(cluster
 def worker_messages_of(log: RecordedLog, index: int) -> list[str]:
     prefix = f"[worker {index}] "
     return [m[len(prefix):] for _, m in log.lines if m.startswith(prefix)]
+
+
+@pytest.mark.parametrize(("uri", "handed"), [
+    ("http://mlflow.mlops.svc:5000", "http://mlflow.mlops.svc:5000"),  # a server: handed on
+    ("sqlite:////data/mlflow/mlflow.db", None),  # the worker's own disk: no pod sees it
+])
+def test_the_pods_track_to_the_deployments_mlflow_server(cluster, cfg, operator, monkeypatch,
+                                                         uri, handed):
+    """The chief pod logs each epoch as the local launcher's child does: the Job's pods
+    get the deployment's tracking URI when it is a server, and the MLflow login from the
+    credentials Secret (optional keys), never a value."""
+    monkeypatch.setenv("TRAINING_MLFLOW_TRACKING_URI", uri)
+    _, _, error = launch(operator, cfg)
+    assert error is None
+    [job] = [body for kind, _, body in cluster.created() if kind == "jobs"]
+    env = {e["name"]: e for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env.get("TRAINING_MLFLOW_TRACKING_URI", {}).get("value") == handed
+    for key in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
+        assert env[key]["valueFrom"]["secretKeyRef"] == {
+            "name": "training-s3", "key": key, "optional": True}

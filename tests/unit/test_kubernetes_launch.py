@@ -553,3 +553,17 @@ def test_every_pod_gets_the_runs_keras_backend_before_it_imports_keras(backend):
     assert env["KERAS_BACKEND"] == backend
     with pytest.raises(ConfigError, match="KERAS_BACKEND"):  # the run's setting decides
         k8s.KubernetesOptions(env={"KERAS_BACKEND": "torch"})
+
+
+def test_the_options_env_names_the_address_the_pods_reach_mlflow_by():
+    """``with_tracking``: the worker's tracking server is handed to the pods, unless the
+    options' ``env`` says how pods reach it (a cluster-internal address wins)."""
+    from training.launch.kubernetes.options import with_tracking
+
+    plain = k8s.KubernetesOptions()
+    assert with_tracking(plain, "https://mlflow.example.org").env == {
+        "TRAINING_MLFLOW_TRACKING_URI": "https://mlflow.example.org"}
+    inside = k8s.KubernetesOptions(env={"TRAINING_MLFLOW_TRACKING_URI":
+                                        "http://mlflow.mlops.svc:5000"})
+    assert with_tracking(inside, "https://mlflow.example.org") is inside
+    assert with_tracking(plain, "/data/mlflow") is plain and with_tracking(plain, "") is plain

@@ -38,7 +38,10 @@ from training.launch.kubernetes.pod import POD_ENV
 
 # The Secret keys pods read; AWS_SESSION_TOKEN may be absent from the Secret.
 CREDENTIAL_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
-OPTIONAL_CREDENTIAL_KEYS = ("AWS_SESSION_TOKEN",)
+# The MLflow server's login, when it wants one (``with_tracking``).
+OPTIONAL_CREDENTIAL_KEYS = ("AWS_SESSION_TOKEN", "MLFLOW_TRACKING_USERNAME",
+                            "MLFLOW_TRACKING_PASSWORD")
+TRACKING_ENV = "TRAINING_MLFLOW_TRACKING_URI"
 _SECRET_WORDS = ("SECRET", "PASSWORD", "TOKEN", "ACCESS_KEY", "CREDENTIAL", "PRIVATE_KEY")
 
 # from_env: a JSON object of options, and single options that override it.
@@ -190,6 +193,17 @@ class KubernetesOptions:
         data["tolerations"] = [dict(t) for t in self.tolerations]
         data["fail_job_exit_codes"] = list(self.fail_job_exit_codes)
         return data
+
+
+def with_tracking(options: KubernetesOptions, uri: str) -> KubernetesOptions:
+    """``options`` whose pods track to the deployment's MLflow server ``uri`` (the
+    chief pod logs each epoch to the run: ``training.tracking``), given as the pods'
+    ``TRAINING_MLFLOW_TRACKING_URI``. Only a server (``http(s)://``) is handed on: a
+    local store is the worker's own disk, which no pod sees. An ``env`` of the options
+    that names the variable wins: the address by which the pods reach the server."""
+    if not uri.startswith(("http://", "https://")) or TRACKING_ENV in options.env:
+        return options
+    return dataclasses.replace(options, env={**options.env, TRACKING_ENV: uri})
 
 
 # --- validation -----------------------------------------------------------------------
