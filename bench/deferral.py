@@ -29,6 +29,7 @@ import tempfile
 import time
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from _common import ROOT, Report, median
 from sweep_airflow import Standalone
@@ -94,6 +95,32 @@ def environment(tmp: Path, fake: FakeKubernetes, deferrable: bool) -> dict[str, 
     return env
 
 
+def job_creations(fake: FakeKubernetes) -> tuple[dict[str, float], Any]:
+    """From now on, each Job's creation moment by name; and the fake's own create, to
+    put back (``fake._create_job = create``) when done."""
+    created: dict[str, float] = {}
+    create = fake._create_job
+
+    def recorded(body: dict) -> dict:
+        created[body["metadata"]["name"]] = time.time()
+        return create(body)
+
+    fake._create_job = recorded
+    return created, create
+
+
+def unpause(stack: Standalone, dag_id: str) -> None:
+    """Unpause ``dag_id`` once the dag-processor has parsed it."""
+    import urllib.error
+
+    for _ in range(150):
+        try:
+            stack.call("PATCH", f"/api/v2/dags/{dag_id}", {"is_paused": False})
+            return
+        except urllib.error.HTTPError:
+            time.sleep(2)
+
+
 def resume_costs(tmp: Path, fake: FakeKubernetes, done: dict[str, float], deferrable: bool,
                  args: argparse.Namespace) -> list[float]:
     stack = Standalone(environment(tmp, fake, deferrable), args.port)
@@ -115,31 +142,19 @@ def occupancy(tmp: Path, fake: FakeKubernetes, done: dict[str, float], deferrabl
     """Two runs triggered at once with ``parallelism`` 1 (one worker slot): the task
     instances ``running`` (holding the slot) over time, sampled from the REST API, and
     how long the two Jobs existed at the same time."""
-    import urllib.error
     import urllib.parse
 
     env = {**environment(tmp / "occupancy", fake, deferrable),
            "AIRFLOW__CORE__PARALLELISM": "1"}
     stack = Standalone(env, args.port)
-    created: dict[str, float] = {}
-    create = fake._create_job
-
-    def recorded(body: dict) -> dict:
-        created[body["metadata"]["name"]] = time.time()
-        return create(body)
-
-    fake._create_job = recorded
+    created, create = job_creations(fake)
     try:
-        for _ in range(150):  # until the dag-processor has parsed it
-            try:
-                stack.call("PATCH", f"/api/v2/dags/{DAG_ID}", {"is_paused": False})
-                break
-            except urllib.error.HTTPError:
-                time.sleep(2)
+        unpause(stack, DAG_ID)
         fake.plans += [Plan(polls=args.polls * 2), Plan(polls=args.polls * 2)]
         runs = [stack.call("POST", f"/api/v2/dags/{DAG_ID}/dagRuns",
                            {"logical_date": None, "conf": {}})["dag_run_id"] for _ in (0, 1)]
         samples, start = [], time.monotonic()
+        limit = 600 + 2 * 2 * args.polls * 2.0
         while True:
             states = []
             for run in runs:
@@ -150,8 +165,8 @@ def occupancy(tmp: Path, fake: FakeKubernetes, done: dict[str, float], deferrabl
                             states.count("deferred")))
             if all(state in ("success", "failed") for state in states):
                 break
-            if time.monotonic() - start > 600:
-                raise RuntimeError("the two runs did not end in 10 minutes")
+            if time.monotonic() - start > limit:  # two Jobs one after the other, and more
+                raise RuntimeError(f"the two runs did not end in {limit:.0f} s")
             time.sleep(0.5)
     finally:
         fake._create_job = create

@@ -42,6 +42,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 from _common import ROOT, Report
 from deferral import DAG_ID, FakeKubernetes, Plan, environment
@@ -128,16 +129,25 @@ class Watched:
         return [at for at, name in self.reads if name == job]
 
 
-def killed_triggerer(api: Api, stack: Stack, fake: FakeKubernetes, watched: Watched,
-                     args: argparse.Namespace) -> dict:
+def deferred_job(api: Api, fake: FakeKubernetes, plan: Plan) -> tuple[str, str, Any]:
+    """A run triggered, its Job played by ``plan``, once its train task is deferred: the
+    run, its Job, and what lists the Jobs created since the trigger."""
     before = {body["metadata"]["name"] for kind, _, body in fake.created() if kind == "jobs"}
-    fake.plans.append(Plan(polls=args.polls))
+    fake.plans.append(plan)
     run = api.trigger()
     api.wait("the train task deferred", lambda: api.train(run)["state"] == "deferred")
-    new = lambda: [body["metadata"]["name"] for kind, _, body in fake.created()  # noqa: E731
-                   if kind == "jobs" and body["metadata"]["name"] not in before]
+
+    def new() -> list[str]:
+        return [body["metadata"]["name"] for kind, _, body in fake.created()
+                if kind == "jobs" and body["metadata"]["name"] not in before]
+
     api.wait("the Job", lambda: bool(new()))
-    job = new()[0]
+    return run, new()[0], new
+
+
+def killed_triggerer(api: Api, stack: Stack, fake: FakeKubernetes, watched: Watched,
+                     args: argparse.Namespace) -> dict:
+    run, job, new = deferred_job(api, fake, Plan(polls=args.polls))
     api.wait(f"{args.reads} reads of the Job", lambda: len(watched.of(job)) >= args.reads)
     triggerer = stack.procs["triggerer"]
     killed = time.time()
@@ -157,14 +167,7 @@ def killed_triggerer(api: Api, stack: Stack, fake: FakeKubernetes, watched: Watc
 
 
 def marked_failed(api: Api, fake: FakeKubernetes, watched: Watched) -> dict:
-    before = {body["metadata"]["name"] for kind, _, body in fake.created() if kind == "jobs"}
-    fake.plans.append(Plan(polls=100_000))
-    run = api.trigger()
-    api.wait("the train task deferred", lambda: api.train(run)["state"] == "deferred")
-    new = lambda: [body["metadata"]["name"] for kind, _, body in fake.created()  # noqa: E731
-                   if kind == "jobs" and body["metadata"]["name"] not in before]
-    api.wait("the Job", lambda: bool(new()))
-    job = new()[0]
+    run, job, _ = deferred_job(api, fake, Plan(polls=100_000))
     # The fake shows a pod's log line k after k status reads ("line 0 again" is the
     # second line): worker 0's "line 3" from the Job's fourth read on.
     shown = api.wait("worker 0's line 3 in the task log",

@@ -27,12 +27,11 @@ import argparse
 import json
 import tempfile
 import time
-import urllib.error
 import urllib.parse
 from pathlib import Path
 
 from _common import Report
-from deferral import FakeKubernetes, Plan, completions, environment
+from deferral import FakeKubernetes, Plan, completions, environment, job_creations, unpause
 from sweep_airflow import Standalone
 
 DAG_ID = "bench_deferral_sweep"
@@ -88,21 +87,9 @@ def sweep_run(tmp: Path, fake: FakeKubernetes, done: dict[str, float], deferrabl
         dag_id=DAG_ID, params=params(args.parallel), staged=STAGED))
     env["AIRFLOW__CORE__PARALLELISM"] = "2"
     stack = Standalone(env, args.port)
-    created: dict[str, float] = {}
-    create = fake._create_job
-
-    def recorded(body: dict) -> dict:
-        created[body["metadata"]["name"]] = time.time()
-        return create(body)
-
-    fake._create_job = recorded
+    created, create = job_creations(fake)
     try:
-        for _ in range(150):  # until the dag-processor has parsed it
-            try:
-                stack.call("PATCH", f"/api/v2/dags/{DAG_ID}", {"is_paused": False})
-                break
-            except urllib.error.HTTPError:
-                time.sleep(2)
+        unpause(stack, DAG_ID)
         fake.plans += [Plan(polls=args.polls) for _ in range(TRIALS)]
         run = stack.call("POST", f"/api/v2/dags/{DAG_ID}/dagRuns",
                          {"logical_date": None, "conf": {}})["dag_run_id"]
