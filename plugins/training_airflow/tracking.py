@@ -120,7 +120,7 @@ def on_task_failure(context: Any) -> None:
 def missed_mark() -> int:
     """Where this process's list of calls MLflow did not get ends now (before a move of
     production; ``alert_if_missed`` after it)."""
-    return len(tracker().missed() or [])
+    return tracker().missed_count if tracker().enabled else 0
 
 
 def alert_if_missed(mark: int, model: str, version: str, *, dag_id: str,
@@ -131,7 +131,7 @@ def alert_if_missed(mark: int, model: str, version: str, *, dag_id: str,
     stands either way."""
     from training_airflow import alerts
 
-    missed = list(dict.fromkeys((tracker().missed() or [])[mark:]))
+    missed = list(dict.fromkeys(tracker().missed_since(mark) or []))
     if missed:
         alerts.send(alerts.mirror_missed(model, version, missed, dag_id=dag_id,
                                          run_id=run_id))

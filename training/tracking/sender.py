@@ -17,6 +17,7 @@ alone. The client retries an HTTP call once and waits at most
 from __future__ import annotations
 
 import atexit
+import collections
 import logging
 import os
 import queue
@@ -45,7 +46,9 @@ class MlflowSender:
         self.uri = uri
         self.client: Any = None
         self.stopped: str | None = None
-        self._missed: list[str] = []  # each call not made, and why (``missed``)
+        # The last calls not made, and why, numbered (``missed_since``); how many so far.
+        self._missed: collections.deque[tuple[int, str]] = collections.deque(maxlen=100)
+        self.missed_count = 0
         self._calls: queue.Queue[Callable[[], Any]] = queue.Queue()
         self._ready = threading.Event()
         self._sender: threading.Thread | None = None
@@ -84,15 +87,20 @@ class MlflowSender:
 
     def _later(self, what: str, call: Callable[[], Any]) -> None:
         if self.stopped:
-            self._missed.append(f"{what}: not sent, tracking had stopped ({self.stopped})")
+            self._miss(f"{what}: not sent, tracking had stopped ({self.stopped})")
             return
         self.warm()
         self._calls.put(lambda: self._safely(what, call))
 
-    def missed(self) -> list[str]:
-        """Each call this process asked for and MLflow did not get, and why, oldest
-        first: what a promotion's task reports in an alert (``training_airflow``)."""
-        return list(self._missed)
+    def _miss(self, reason: str) -> None:
+        self._missed.append((self.missed_count, reason))
+        self.missed_count += 1
+
+    def missed_since(self, mark: int) -> list[str]:
+        """The calls MLflow did not get since ``missed_count`` was ``mark``, and why,
+        oldest first (the last 100 at most): what a promotion's task reports in an alert
+        (``training_airflow``)."""
+        return [reason for number, reason in list(self._missed) if number >= mark]
 
     def flush(self, timeout_s: float = 120.0) -> bool:
         """Wait until every call asked for so far was made (or tracking stopped), at
@@ -110,13 +118,13 @@ class MlflowSender:
 
     def _safely(self, what: str, call: Callable[[], Any]) -> Any:
         if self.stopped:
-            self._missed.append(f"{what}: not sent, tracking had stopped ({self.stopped})")
+            self._miss(f"{what}: not sent, tracking had stopped ({self.stopped})")
             return None
         try:
             return call()
         except Exception as exc:  # noqa: BLE001 - tracking never fails a night
             reason = f"{what}: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
-            self._missed.append(reason)
+            self._miss(reason)
             if not _unreachable(exc):  # the server answered: this call alone is refused
                 log.warning("warning: MLflow refused %s (%s); tracking goes on", what, reason)
                 return None
