@@ -1,8 +1,9 @@
 """Benchmark 18, a sweep: 4 trials at ``parallel`` 4 under ``launcher: kubernetes`` on a
-real executor with 2 worker slots, deferral off and on, side by side (issue 47).
+real executor with 2 worker slots (``--slots``), deferral off and on, side by side
+(issue 47).
 
-A real Airflow (``python -m tools.standalone``: LocalExecutor, ``parallelism`` 2) runs a
-DAG of ``plan_trials`` and the mapped ``trial`` task of ``keras_retrain``
+A real Airflow (``python -m tools.standalone``: LocalExecutor, ``parallelism`` the
+``--slots``) runs a DAG of ``plan_trials`` and the mapped ``trial`` task of ``keras_retrain``
 (``training_airflow.sweep_tasks``: the study, the lanes, each trial's Job, the tell, for
 real), against the fake Kubernetes API of the tests in this process (the only stand-in).
 Each Job ends on its ``--polls``-th status read, looks 1 s apart, and plays its pods'
@@ -11,14 +12,15 @@ part as tests/dags/test_kubernetes_trials.py's fake does: it writes the trial's
 worker slot (``running``) and how many wait in the triggerer (``deferred``); the fake
 records each Job's life. After each run the study says how many trials trained at once.
 
-    .venv/bin/python bench/deferral_sweep.py [--polls 20] [--parallel 4] [--port 28540]
+    .venv/bin/python bench/deferral_sweep.py [--polls 20] [--parallel 4] [--slots 2]
 
 With ``--parallel 2`` the last two trials find every lane taken: deferred, they wait in
 a ``LaneTrigger`` (no worker slot) and claim a lane when one frees; the study must then
 show at most 2 trials training at once.
 
-Target: deferred, the 4 Jobs train at the same time while at most 2 worker slots (all
-there are) are held only for the seconds of create and resume; in the task, 2 at a time.
+Target: deferred, the 4 Jobs train at the same time while the worker slots (at most
+``--slots`` are held, all there are) are held only for the seconds of create and resume;
+in the task, as many Jobs at a time as there are slots.
 """
 
 from __future__ import annotations
@@ -85,7 +87,7 @@ def sweep_run(tmp: Path, fake: FakeKubernetes, done: dict[str, float], deferrabl
     env = environment(tmp, fake, deferrable)
     (Path(env["AIRFLOW__CORE__DAGS_FOLDER"]) / f"{DAG_ID}.py").write_text(DAG.format(
         dag_id=DAG_ID, params=params(args.parallel), staged=STAGED))
-    env["AIRFLOW__CORE__PARALLELISM"] = "2"
+    env["AIRFLOW__CORE__PARALLELISM"] = str(args.slots)
     stack = Standalone(env, args.port)
     created, create = job_creations(fake)
     try:
@@ -148,10 +150,12 @@ def main() -> None:
     parser.add_argument("--polls", type=int, default=20)
     parser.add_argument("--parallel", type=int, default=TRIALS,
                         help="the sweep's parallel: under 4, trials wait for a lane")
+    parser.add_argument("--slots", type=int, default=2,
+                        help="worker slots: LocalExecutor's parallelism")
     parser.add_argument("--port", type=int, default=28540, help="and the two above it")
     args = parser.parse_args()
     report = Report(f"Deferral (issue 47): a sweep of {TRIALS} trials at parallel "
-                    f"{args.parallel} on Kubernetes, 2 worker slots")
+                    f"{args.parallel} on Kubernetes, {args.slots} worker slot(s)")
     fake = FakeKubernetes()
     fake.thread.start()
     done = completions(fake)
@@ -170,7 +174,8 @@ def main() -> None:
                       f"{got['max_running']} running, {got['max_deferred']} deferred), the "
                       f"study: at most {got['study']} trials training at once")
     on, off = seen["deferred"], seen["in-task"]
-    report.target(f"deferred: {args.parallel} Jobs train at once on 2 worker slots, never "
+    report.target(f"deferred: {args.parallel} Jobs train at once on {args.slots} worker "
+                  "slot(s), never "
                   "more trials than parallel", on["state"] == "success"
                   and on["together"] == args.parallel and on["study"] <= args.parallel,
                   f"{on['together']} at once (in the task: {off['together']}), "
