@@ -27,15 +27,21 @@ def tracker() -> Any:
     return tracker_from_env()
 
 
-def pipeline_run_id(task: Any, cfg: Any, context: Any) -> str:
-    """The DAG run's own run id (the first step's frozen config's), which a sweep's
-    picked trial config handed on to the later steps does not carry."""
+def first_frozen(task: Any, context: Any) -> dict[str, str] | None:
+    """The run's frozen config as its first step handed it on (XCom ``config``: path and
+    SHA-256), or None (outside a DAG run, or before that step froze it)."""
     from training_airflow.step import CONFIG_XCOM
 
     first = next((t for t in task.dag.tasks if getattr(t, "builds_config", False)), None) \
         if task.has_dag() and context.get("ti") is not None else None
-    frozen = context["ti"].xcom_pull(task_ids=first.task_id, key=CONFIG_XCOM) \
+    return context["ti"].xcom_pull(task_ids=first.task_id, key=CONFIG_XCOM) \
         if first is not None else None
+
+
+def pipeline_run_id(task: Any, cfg: Any, context: Any) -> str:
+    """The DAG run's own run id (the first step's frozen config's), which a sweep's
+    picked trial config handed on to the later steps does not carry."""
+    frozen = first_frozen(task, context)
     if not frozen:
         return cfg.run_id
     try:
@@ -97,7 +103,6 @@ def on_task_failure(context: Any) -> None:
 
     from training.config import frozen
     from training_airflow.alerts import error_line
-    from training_airflow.step import CONFIG_XCOM
 
     task, ti = context.get("task"), context.get("ti")
     if task is None or ti is None or not getattr(task, "ends_run_on_failure", True):
@@ -105,8 +110,7 @@ def on_task_failure(context: Any) -> None:
     try:
         if not tracker().enabled:
             return
-        first = next((t for t in task.dag.tasks if getattr(t, "builds_config", False)), None)
-        handed = ti.xcom_pull(task_ids=first.task_id, key=CONFIG_XCOM) if first else None
+        handed = first_frozen(task, context)
         if not handed:
             return
         cfg = frozen.thaw(handed)
