@@ -10,11 +10,12 @@ lock's hash (its pins conflict with Airflow's).
 No registry is reachable, so the third-party services run images built here
 (``docker/local/Dockerfile`` on a Debian bookworm base bootstrapped from Debian's
 packages; ``docker/compose.local.yaml`` swaps them in). A ``ComposeStack`` is one project:
-a unique name, its own subnet, an env file of generated secrets, the api-server and S3
-published on free 127.0.0.1 ports; ``running`` brings it up, waits for every service to be
-healthy, and at the end saves the logs and removes everything (``down -v``) even when the
-test failed. Compose runs with only the engine's variables from this process's
-environment: the test session's ``TRAINING_*`` must not leak into the interpolation.
+a unique name, its own subnet, an env file of generated secrets, the api-server, S3 and
+MLflow's server published on free 127.0.0.1 ports; ``running`` brings it up, waits for
+every service to be healthy, and at the end saves the logs and removes everything
+(``down -v``) even when the test failed. Compose runs with only the engine's variables
+from this process's environment: the test session's ``TRAINING_*`` must not leak into the
+interpolation.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
+import urllib.request
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -102,6 +105,15 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+def free_ports(count: int) -> list[int]:
+    """``count`` different free ports of 127.0.0.1."""
+    found: list[int] = []
+    while len(found) < count:
+        if (port := free_port()) not in found:
+            found.append(port)
+    return found
+
+
 def free_subnet(docker: Docker) -> str:
     """A /24 of 10.214.0.0/16 that no network of the engine uses."""
     ids = docker("network", "ls", "--quiet").stdout.split()
@@ -137,12 +149,12 @@ class ComposeStack(DevAirflow):
         super().__init__(workdir)
         self.docker = docker
         self.project = f"akt-compose-{os.getpid()}-{secrets.token_hex(3)}"
-        self.port = free_port()
-        self.s3_port = next(p for p in iter(free_port, None) if p != self.port)
+        self.port, self.s3_port, self.mlflow_port = free_ports(3)
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.values = {**secrets_env(), "COMPOSE_PROJECT_NAME": self.project,
                        "AIRFLOW_IMAGE": airflow_image, "AIRFLOW_PORT": str(self.port),
-                       "S3_PORT": str(self.s3_port), "COMPOSE_SUBNET": free_subnet(docker),
+                       "S3_PORT": str(self.s3_port), "MLFLOW_PORT": str(self.mlflow_port),
+                       "COMPOSE_SUBNET": free_subnet(docker),
                        "TRAINING_SCHEDULE": ""}  # manual runs only: no nightly run
         self.password = self.values["AIRFLOW_ADMIN_PASSWORD"]
         self.env_file = workdir / "compose.env"
@@ -219,6 +231,28 @@ class ComposeStack(DevAirflow):
                             region_name="us-east-1",
                             aws_access_key_id=self.values["STORE_ACCESS_KEY"],
                             aws_secret_access_key=self.values["STORE_SECRET_KEY"])
+
+    def mlflow(self, path: str, query: Mapping[str, str] | None = None,
+               body: Any = None) -> Any:
+        """MLflow's REST API (``/api/2.0/mlflow/<path>``) on its published port: a GET
+        with ``query``, or a POST of ``body``; the answer's JSON."""
+        url = f"http://127.0.0.1:{self.mlflow_port}/api/2.0/mlflow/{path}"
+        if query:
+            url += "?" + urllib.parse.urlencode(query)
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(url, data=data, method="GET" if data is None
+                                         else "POST",
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            return json.loads(answer.read() or b"{}")
+
+    def psql(self, database: str, sql: str) -> list[str]:
+        """``sql``'s rows (one line each) in ``database`` of the stack's PostgreSQL, by
+        ``psql`` in its container (local connections need no password there)."""
+        user = self.values.get("POSTGRES_USER", "airflow")
+        done = self.compose("exec", "-T", "postgres", "psql", "-U", user, "-d", database,
+                            "-v", "ON_ERROR_STOP=1", "-Atc", sql, timeout=60)
+        return done.stdout.splitlines()
 
     def down(self) -> list[str]:
         """``down -v`` (containers, network, named and anonymous volumes); what is left of

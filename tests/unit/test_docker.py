@@ -9,7 +9,8 @@ standing in for the image's interpreter); the Airflow services' commands parse w
 Airflow's own CLI and the admin's password reaches SimpleAuthManager; no healthcheck
 needs a tool the images lack; the GPU worker listens on the queue the routing policy
 uses; no secret is written into the compose file. The local override
-(docker/compose.local.yaml, docker/local/) and the compose tool's lock are checked too.
+(docker/compose.local.yaml, docker/local/) and the compose tool's lock:
+tests/unit/test_docker_local.py; MLflow's server: tests/unit/test_compose_mlflow.py.
 """
 
 from __future__ import annotations
@@ -47,12 +48,11 @@ from support.dockerfiles import (
 
 COMPOSE = DOCKER / "compose.yaml"
 DOCKERFILE = DOCKER / "Dockerfile"
-LOCAL_COMPOSE = DOCKER / "compose.local.yaml"
-LOCAL_DOCKERFILE = DOCKER / "local" / "Dockerfile"
 AIRFLOW_SERVICES = {"airflow-init", "airflow-apiserver", "airflow-scheduler",
                     "airflow-dag-processor", "airflow-triggerer", "airflow-worker",
                     "airflow-worker-gpu"}
-EXPECTED_SERVICES = AIRFLOW_SERVICES | {"postgres", "redis", "seaweedfs", "seaweedfs-config"}
+EXPECTED_SERVICES = AIRFLOW_SERVICES | {"postgres", "redis", "seaweedfs", "seaweedfs-config",
+                                         "mlflow"}
 DEPLOYMENT_SETTINGS = {"TRAINING_DATA_DIR", "TRAINING_STAGING_DIR", "TRAINING_OUTPUT_DIR",
                        "TRAINING_STORE_URI", "TRAINING_AWS_CONN_ID", "TRAINING_SCHEDULE",
                        "TRAINING_GPU_QUEUE"}
@@ -94,10 +94,11 @@ def test_compose_has_the_stack(services):
     assert services["seaweedfs"]["depends_on"]["seaweedfs-config"]["condition"] == (
         "service_completed_successfully")
     assert '"Write:$$BUCKET"' in services["seaweedfs-config"]["command"][0]
-    # The UI on 127.0.0.1 unless docker/.env says otherwise; nothing else published.
+    # The UI on 127.0.0.1 unless docker/.env says otherwise, MLflow's on 127.0.0.1 only
+    # (tests/unit/test_compose_mlflow.py); nothing else published.
     assert services["airflow-apiserver"]["ports"] == [
         "${AIRFLOW_BIND_ADDRESS:-127.0.0.1}:${AIRFLOW_PORT:-8080}:8080"]
-    assert [n for n, s in services.items() if "ports" in s] == ["airflow-apiserver"]
+    assert {n for n, s in services.items() if "ports" in s} == {"airflow-apiserver", "mlflow"}
 
 
 def test_compose_keeps_to_what_compose_v1_accepts(compose):
@@ -352,51 +353,3 @@ def test_dev_stack_passes_airflow_the_settings_compose_passes(compose, tmp_path,
     connection = json.loads(stack.defaults()["AIRFLOW_CONN_AWS_DEFAULT"])
     assert connection["login"] == stack.secrets["STORE_ACCESS_KEY"]
     assert stack.secrets["S3_ADMIN_SECRET_KEY"] not in json.dumps(stack.env)
-
-
-def test_the_local_override_swaps_in_local_images_and_leaves_the_gpu_worker_out(services):
-    """docker/compose.local.yaml (what tests/deploy/images/test_compose.py runs): documented at
-    its top, images that tests/support/compose.py builds from docker/local/Dockerfile, an
-    explicit subnet, the GPU worker behind a profile."""
-    from support.compose import LOCAL_IMAGES
-
-    text = LOCAL_COMPOSE.read_text()
-    assert text.startswith("# docker/compose.yaml on a machine that cannot pull")
-    local = yaml.safe_load(text)
-    assert set(local["services"]) <= set(services)
-    targets = {alias for _, alias, _ in stages(LOCAL_DOCKERFILE)}
-    assert set(LOCAL_IMAGES) == targets == {"postgres", "redis", "seaweedfs"}
-    third_party = {"postgres": "postgres", "redis": "redis", "seaweedfs": "seaweedfs",
-                   "seaweedfs-config": "seaweedfs"}
-    for name, target in third_party.items():
-        assert local["services"][name]["image"] == LOCAL_IMAGES[target], name
-    for name in AIRFLOW_SERVICES:
-        assert interpolate(local["services"][name]["image"], {}) == services[
-            "airflow-worker"]["image"], name
-    assert local["services"]["airflow-worker-gpu"]["profiles"] == ["gpu"]
-    subnet = local["networks"]["default"]["ipam"]["config"][0]["subnet"]
-    assert interpolate(subnet, {}) == "10.214.0.0/24"
-    assert local["services"]["seaweedfs"]["ports"] == ["127.0.0.1:${S3_PORT:-8333}:8333"]
-
-
-def test_the_local_images_run_as_users_with_their_entrypoints():
-    for _, alias, body in stages(LOCAL_DOCKERFILE):
-        users = [rest for keyword, rest in body if keyword == "USER"]
-        assert users and users[-1] not in ("root", "0"), alias
-    for source in copy_sources(LOCAL_DOCKERFILE):
-        assert source == "weed" or (LOCAL_DOCKERFILE.parent / source).is_file(), source
-    script = LOCAL_DOCKERFILE.parent / "postgres-entrypoint.sh"
-    assert os.access(script, os.X_OK)
-    subprocess.run(["sh", "-n", os.fspath(script)], check=True)
-    assert arg_default(LOCAL_DOCKERFILE, "BASE_IMAGE") is None  # the tests' base, always
-
-
-def test_the_compose_tool_lock_pins_every_file_by_hash():
-    lock = (ROOT / "tools" / "compose-requirements.txt").read_text()
-    assert lock.startswith("# docker-compose 1.29.2")
-    pins = dict(re.findall(r"^([A-Za-z0-9_.-]+)==(\S+) \\$", lock, re.M))
-    assert pins["docker-compose"] == "1.29.2"
-    assert (pins["pyyaml"], pins["requests"], pins["urllib3"], pins["docker"]) == (
-        "6.0.2", "2.31.0", "1.26.20", "6.1.3")
-    blocks = re.split(r"^(?=[A-Za-z0-9_.-]+==)", lock, flags=re.M)[1:]
-    assert len(blocks) == len(pins) and all("--hash=sha256:" in b for b in blocks)

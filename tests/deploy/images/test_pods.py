@@ -8,8 +8,10 @@ training image with the pod's command, env and mounts, named and resolvable as t
 Service names it. Two such pods train the offline ``digits`` dataset, staged on the
 shared volume, under MultiWorkerMirroredStrategy with the ``TF_CONFIG`` the ``exec``
 wrapper derives from ``JOB_COMPLETION_INDEX``: they end with the same weights, the ones
-the chief saved. A pod killed mid-run fails the Job, naming it; the retried Job (same run
-id, so the same names) resumes from the backup on the shared volume.
+the chief saved, and the chief alone logs each epoch to an MLflow server beside them on
+their network (``support/pods_mlflow.py``), as the launch hands it to them. A pod
+killed mid-run fails the Job, naming it; the retried Job (same run id, so the same
+names) resumes from the backup on the shared volume.
 
 No assertion is about time: exit codes, what the pods printed and what is on the shared
 volume say what happened.
@@ -28,9 +30,11 @@ from pathlib import Path
 import pytest
 from support.output import tail
 from support.pods import JobPods, JobResult
+from support.pods_mlflow import URL, mlflow_beside
 
 from training.config import DatasetConfig, RunConfig
 from training.launch.kubernetes import KubernetesOptions, job_name, render
+from training.launch.kubernetes.options import with_tracking
 from training.launch.worker import DIGEST_MARK
 
 CLAIM = "training-shared"
@@ -55,7 +59,8 @@ class Shared:
         return self.cfg.run_dir()
 
 
-def _shared(tmp_path: Path, image: str, run_id: str, **settings) -> Shared:
+def _shared(tmp_path: Path, image: str, run_id: str, tracking_uri: str = "",
+            **settings) -> Shared:
     """digits staged on the host into the directory the pods mount as the shared claim."""
     from training.data.snapshot import staging
 
@@ -69,8 +74,8 @@ def _shared(tmp_path: Path, image: str, run_id: str, **settings) -> Shared:
     (root / "runs").mkdir()
     for path in [root, *root.rglob("*")]:  # the image's user (uid 50000) writes here
         path.chmod(0o777 if path.is_dir() else 0o666)
-    options = KubernetesOptions(image=image, image_pull_policy="Never",
-                                shared_volume_claim=CLAIM)
+    options = with_tracking(KubernetesOptions(image=image, image_pull_policy="Never",
+                                              shared_volume_claim=CLAIM), tracking_uri)
     return Shared(root, cfg, render(cfg, options, staged.to_dict()))
 
 
@@ -94,16 +99,21 @@ def _model_digest(run_dir: Path) -> str:
 
 @pytest.mark.slow
 def test_two_pods_train_in_lockstep_on_the_shared_volume(tmp_path, images):
-    shared = _shared(tmp_path, images.training, "pods-lockstep")
+    # The deployment's MLflow server, as the pods reach it on their network: the launch
+    # hands it to them (``with_tracking``), and the chief alone logs the epochs.
+    shared = _shared(tmp_path, images.training, "pods-lockstep", tracking_uri=URL)
     job = job_name(shared.cfg.run_id)
     with JobPods(images, shared.objects, claims={CLAIM: shared.root},
-                 workdir=tmp_path) as pods:
+                 workdir=tmp_path) as pods, \
+            mlflow_beside(pods, images.airflow, tmp_path) as server:
         # Nothing hands the pods a TF_CONFIG: each derives its own in the exec wrapper.
         assert all("TF_CONFIG" not in dict(p.env) for p in pods.pods)
+        assert all(dict(p.env)["TRAINING_MLFLOW_TRACKING_URI"] == URL for p in pods.pods)
         assert [p.dns_name for p in pods.pods] == [
             f"{job}-{i}.{job}.default.svc" for i in range(2)]
         result = pods.run()
         subnet = ipaddress.ip_network(pods.subnet)
+        server.stop()
     assert result.succeeded, _story(result)
     assert result.exit_codes == {f"{job}-0": 0, f"{job}-1": 0}
     # Each pod's TF_CONFIG, as its wrapper derived it: the Service's two DNS names, and
@@ -134,6 +144,21 @@ def test_two_pods_train_in_lockstep_on_the_shared_volume(tmp_path, images):
         assert [int(e) for e in EPOCH.findall(pod.log)] == [1, 2, 3], _story(result)
     # Only the chief wrote to the shared volume: one run directory, its own.
     assert [p.name for p in (shared.root / "runs").iterdir()] == [shared.run_dir.name]
+
+    # The chief pod logged each epoch to the server, once: one run, tagged with the run
+    # id, the epochs' losses as history.json has them (a second worker logging would
+    # have doubled each step).
+    import mlflow
+
+    client = mlflow.MlflowClient(server.uri)
+    experiment = client.get_experiment_by_name(shared.cfg.model_name)
+    assert experiment is not None, _story(result)
+    [mlflow_run] = client.search_runs([experiment.experiment_id])
+    assert mlflow_run.data.tags["pipeline.run_id"] == shared.cfg.run_id
+    logged = client.get_metric_history(mlflow_run.info.run_id, "loss")
+    assert [m.step for m in logged] == [0, 1, 2], logged
+    assert [m.value for m in logged] == pytest.approx(losses, rel=1e-6)
+    assert mlflow_run.data.params["fit.epochs"] == "3"
 
 
 @pytest.mark.slow
