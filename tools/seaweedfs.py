@@ -48,8 +48,15 @@ class SeaweedFS(Service):
     REGION = "us-east-1"
 
     def __init__(self, root: Path, port: int, identities: Sequence[S3Identity],
-                 buckets: Sequence[str] = ()) -> None:
+                 buckets: Sequence[str] = (), *, volumes: int | None = None) -> None:
+        """``volumes``: how many volumes it may make, each of 64 MB at most; None: weed
+        mini's own choice, free disk space over a volume size it picks (1 GiB on a big
+        disk). Each bucket written to takes a volume of its own, so a server that holds
+        many small buckets (the tests' one, a bucket a test) sets it: with 27 GB free,
+        the 28th bucket written to was refused ("No writable volumes and no free volumes
+        left")."""
         super().__init__(root, port)
+        self.volumes = volumes
         if not identities or identities[0].buckets is not None:
             raise ValueError("the first identity must be the admin (buckets=None)")
         self.identities, self.buckets = list(identities), list(buckets)
@@ -77,7 +84,9 @@ class SeaweedFS(Service):
                 "-webdav=false", "-s3.port.iceberg=0", "-s3.port.lance=0", "-s3.iam=false",
                 f"-s3.config={self.root / 's3.json'}",
                 f"-filer.localSocket={self.root / 'filer.sock'}",
-                f"-s3.localSocket={self.root / 's3.sock'}", *ports]
+                f"-s3.localSocket={self.root / 's3.sock'}", *ports,
+                *([f"-volume.max={self.volumes}", "-master.volumeSizeLimitMB=64"]
+                  if self.volumes else [])]
 
     def popen_options(self) -> dict:
         (self.root / "data").mkdir(exist_ok=True)

@@ -34,6 +34,9 @@ from training.registry.s3 import S3Options
 
 REGION = SeaweedFS.REGION
 BUCKET_PREFIX = "test-"
+# A bucket a test, each written to taking a volume: far more than a session makes, never
+# weed mini's count from free disk space (tools/seaweedfs.py)
+VOLUMES = 2000
 
 
 def free_port() -> int:
@@ -60,7 +63,8 @@ class S3Server:
 
     def _new_service(self, attempt: int) -> SeaweedFS:
         return SeaweedFS(self.root / f"seaweedfs-{attempt}",
-                         free_port_block(len(SeaweedFS.PORTS)), [self.admin, self.team])
+                         free_port_block(len(SeaweedFS.PORTS)), [self.admin, self.team],
+                         volumes=VOLUMES)
 
     def start(self) -> None:
         """Start the server; after ``kill`` (or ``stop``), again on the same port and data."""
