@@ -20,6 +20,7 @@ import importlib
 import os
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ OFFLINE_BUILDERS = {"digits": "training.data.sources.digits"}
 OFFLINE_VERSIONS = {"digits": "1.0.0"}
 DEFAULT_VERSION_RECORD = "default-version.json"  # <staging_dir>/<name>/: tfds's pick
 REACH_TIMEOUT_S = 5.0  # one TCP connection to a download's host, before tfds's first try
+ABANDONED_S = 120.0  # how long a failed download's left-over requests stay refused
 
 
 def default_version(name: str, staging_dir: str | os.PathLike) -> str | None:
@@ -153,7 +155,26 @@ def downloads_fail_fast(name: str, staging_dir: str | os.PathLike) -> Iterator[N
     try:
         yield
     finally:
-        downloader._open_url = opened
+        # tfds's pool still holds the other files of a download that failed here, and
+        # runs them after this returns: they stay refused for a while (not sent through
+        # the plain downloader, whose 10 retries a file would keep the process busy).
+        refused = {hop for hop, why in answers.items() if why is not None}
+        downloader._open_url = (_refusing(opened, refused, name) if refused else opened)
+
+
+def _refusing(opened: Any, refused: set[tuple[str, int]], name: str) -> Any:
+    """tfds's ``_open_url`` after a download of ``name`` failed: for ``ABANDONED_S`` its
+    left-over requests to the hosts in ``refused`` fail at once; anything else, and
+    everything after, is ``opened``."""
+    until = time.monotonic() + ABANDONED_S
+
+    def open_url(url: str, **kwargs: Any) -> Any:
+        host, port, _ = _first_hop(url)
+        if (host, port) in refused and time.monotonic() < until:
+            raise DatasetError(f"download of dataset {name!r} abandoned: {host}:{port} "
+                               "was not reached")
+        return opened(url, **kwargs)
+    return open_url
 
 
 def _first_hop(url: str) -> tuple[str, int, str | None]:
