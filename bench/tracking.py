@@ -1,8 +1,8 @@
 """Benchmark 19: what MLflow tracking costs (issue 46), side by side in one run.
 
 Why: tracking must never slow a night. With tracking on, MLflow is imported and every
-call made by the tracker's own thread (``training/tracking/``); this measures what is
-left on the training path.
+call made by the tracker's own sender process, at a lower CPU priority
+(``training/tracking/sender.py``); this measures what is left on the training path.
 
 1. **The demo's train step**: ``python -m training train --staged FILE --evaluate`` (what
    the demo's ``train`` task runs), the digits mlp, ``--epochs``, with tracking off and
@@ -17,6 +17,9 @@ The plain path for comparison (the floor of both): the same command with trackin
 is what the product did before issue 46 (tracking off imports no MLflow: a test checks).
 
     .venv/bin/python bench/tracking.py [--epochs 5] [--reps 3] [--trials 4]
+
+On 2 cores one train step varies by about a second from run to run (7%), so a 3% target
+needs medians of 4 or more.
 """
 
 from __future__ import annotations

@@ -228,8 +228,10 @@ def _run_steps(args: argparse.Namespace, cfg: RunConfig, staged: Any) -> int:
     from training.tracking import tracked_registry, tracker_from_env
 
     data_stats = extras.data_stats(getattr(args, "data_stats", None))
-    tracker, pipeline_run = tracker_from_env(), cfg.run_id  # a sweep's picked trial is
-    if args.command in ("train", "run"):  # evaluated, published... on its sweep's run
+    # A sweep's picked trial is evaluated, published... on its sweep's run (pipeline_run);
+    # in a multi-worker run, the chief alone tracks.
+    tracker, pipeline_run = tracker_from_env(), cfg.run_id
+    if args.command in ("train", "run") and cluster.is_chief(cluster.current()):
         tracker.start(cfg, parent_run_id=extras.trial_of(args, cfg, staged))
     if args.command in ("validate", "run"):
         checked = validate.validate_data(cfg, staged, open_registry(cfg.storage.store_uri))
@@ -238,6 +240,8 @@ def _run_steps(args: argparse.Namespace, cfg: RunConfig, staged: Any) -> int:
         if checked["skip"] or args.command == "validate":
             return 0
         data_stats = checked["data_stats"]
+    if args.command in ("train", "run") and extras.others_track(args, cfg):
+        tracker.flush()  # its run exists before they start, or each would make one
     if args.command == "run" and cfg.sweep.enabled:
         from training.launch.trials import run_sweep
 
@@ -246,9 +250,9 @@ def _run_steps(args: argparse.Namespace, cfg: RunConfig, staged: Any) -> int:
                           {"": layout.model_dir(cfg.run_dir()) / SWEEP_JSON})
         print(json.dumps({"sweep": {"picked": cfg.run_id, "run_dir": str(cfg.run_dir())}}))
     elif args.command in ("train", "run"):
-        callbacks = [*extras.trial_callbacks(args, cfg, staged),
-                     *extras.tracking_callbacks(tracker, cfg)]
-        print(json.dumps({"trained": train.train(cfg, staged, extra_callbacks=callbacks)}))
+        print(json.dumps({"trained": train.train(
+            cfg, staged, extra_callbacks=extras.trial_callbacks(args, cfg, staged),
+            tracking_callbacks=lambda: extras.tracking_callbacks(tracker, cfg))}))
     if args.command == "train" and not (args.evaluate and cluster.is_chief(cluster.current())):
         return 0  # in a multi-worker run, only the chief evaluates
     registry = tracked_registry(cfg.storage.store_uri)

@@ -1,9 +1,9 @@
 """What a ``python -m training`` command hands training beside its config.
 
 A sweep trial's pruning callback and its sweep's run (``--trial-of``, ``--trial``), the
-tracker's per-epoch callback (the chief's only; ``training.tracking``), and
-``--data-stats``: small pieces that ``training.cli`` asks for, kept here so that the CLI
-module stays the parser and the order of the steps.
+tracker's per-epoch callback (the chief's only; ``training.tracking``), whether others
+log to this process's run, and ``--data-stats``: small pieces that ``training.cli`` asks
+for, kept here so that the CLI module stays the parser and the order of the steps.
 """
 
 from __future__ import annotations
@@ -24,6 +24,18 @@ def trial_of(args: argparse.Namespace, cfg: RunConfig, staged: Any) -> str | Non
     from training.steps import sweep
 
     return sweep.base_of(args.trial_of, cfg, args.trial).run_id
+
+
+def others_track(args: argparse.Namespace, cfg: RunConfig) -> bool:
+    """Whether processes this one starts log to its MLflow run: a sweep's trials (child
+    runs under it), a local launcher's chief worker, a child of the other Keras backend.
+    Each finds the run by its tag, and makes it when none has it yet, so the run must
+    exist before they start (``tracker.flush`` after ``start``)."""
+    from training import backend
+
+    return ((args.command == "run" and cfg.sweep.enabled)
+            or (cfg.runtime.workers > 1 and not cluster.current())
+            or cfg.runtime.backend != backend.chosen())
 
 
 def tracking_callbacks(tracker: Any, cfg: RunConfig) -> list[Any]:

@@ -9,7 +9,7 @@ and registers it; ``promote`` moves ``champion`` through the registry's follower
 (``store.open_registry``) and ends the run; a task that fails for good ends it FAILED
 (``on_task_failure``, the DAG's failure callback beside the alert), so no failed night
 stays RUNNING in MLflow. Each task waits (``flush``) until what it handed over was sent,
-so nothing is lost when its process ends; the tracker's own thread does the sending
+so nothing is lost when its process ends; the tracker's own process does the sending
 (``training.tracking``). Every task finds the same MLflow run by the tag
 ``pipeline.run_id``: the run id of the DAG run's own config, also after a sweep, whose
 picked trial (a child run) the later tasks carry.

@@ -31,11 +31,11 @@ def dagbag(airflow_db, s3_server, monkeypatch, mlflow_server):
     monkeypatch.setenv("TRAINING_STORE_URI", f"s3://{s3_server.create_bucket()}/team")
     monkeypatch.setenv("AIRFLOW_CONN_AWS_DEFAULT", json.dumps(s3_server.connection()))
     monkeypatch.setenv("TRAINING_MLFLOW_TRACKING_URI", mlflow_server.url)
-    from training.tracking import tracker_from_env
+    from training.tracking import forget_tracker
 
-    tracker_from_env.cache_clear()  # this process's tracker: the server's
+    forget_tracker()  # this process's tracker: the server's
     yield DagBag(os.environ["AIRFLOW__CORE__DAGS_FOLDER"])
-    tracker_from_env.cache_clear()
+    forget_tracker()
 
 
 def test_a_dag_run_with_a_sweep_is_one_mlflow_run_and_promote_model_moves_champion(

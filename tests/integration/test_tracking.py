@@ -20,6 +20,9 @@ them, so no training is paid twice):
 4. the Models page's task promotes night-2 with no server at the tracking URI: it
    stands, and one alert says what MLflow did not get.
 
+Beside the walk: ``train --workers 2`` through a slow link to the server, where the
+launcher's run exists before its workers start and the chief alone logs each epoch.
+
 Bad input (no training): a malformed URI, a URI with a password: exit 2, one line,
 naming the setting, nothing staged.
 """
@@ -34,11 +37,13 @@ import subprocess
 import sys
 import time
 import urllib.request
+from datetime import datetime
 from pathlib import Path
 
 import numpy as np
 import pytest
 from support.cli import cli, last_json, one_error_line, streamed
+from support.cutproxy import CutProxy
 from support.mlflow_fixture import mlflow_s3_environment
 from support.mlflow_fixture import mlflow_server as mlflow_server  # the fixture
 
@@ -127,7 +132,7 @@ def test_a_sweep_night_is_one_parent_run_its_trials_children_and_its_version_the
     children = [r for r in runs.values()
                 if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
     assert sorted(r.data.tags["pipeline.run_id"] for r in children) == [
-        "night-1-t0", "night-1-t1", "night-1-t2"]
+        "night-1-t0", "night-1-t1", "night-1-t2"], proc.stderr[-6000:]
     for child in children:  # its values, its objective per epoch, its end state
         assert child.data.params["fit.learning_rate"] in {"0.003", "0.01", "0.03"}
         history = client.get_metric_history(child.info.run_id, "val_loss")
@@ -299,7 +304,7 @@ def test_a_move_mlflow_does_not_get_stands_and_sends_one_alert(walk, mlflow_serv
 
     from training.registry import open_store
     from training.registry.serving import ServingLayout
-    from training.tracking import tracker_from_env
+    from training.tracking import forget_tracker
     from training_airflow.manual_promotion import move_pointer
 
     work, store, env, _ = walk
@@ -317,13 +322,13 @@ def test_a_move_mlflow_does_not_get_stands_and_sends_one_alert(walk, mlflow_serv
     with webhook_receiver() as webhook:
         monkeypatch.setenv("AIRFLOW_CONN_TRAINING_ALERTS_WEBHOOK",
                            webhook_connection(webhook.server_address[1], "/hook"))
-        tracker_from_env.cache_clear()
+        forget_tracker()
         try:
             moved = move_pointer({"model_name": NAME, "version": "night-2",
                                   "action": "promote", "reason": "night-2 after all"},
                                  run, "manual__2026-12-07")
         finally:
-            tracker_from_env.cache_clear()
+            forget_tracker()
             down.close()
         sent = [request["json"] for request in webhook.requests if request["path"] == "/hook"]
     assert moved["moved"] and moved["from"] == "night-3", moved
@@ -336,3 +341,41 @@ def test_a_move_mlflow_does_not_get_stands_and_sends_one_alert(walk, mlflow_serv
     assert "models sync-mlflow" in mirror["text"]
     assert _client(mlflow_server).get_model_version_by_alias(NAME, "champion").tags[
         "pipeline.version"] == "night-3"  # MLflow's champion did not move
+
+
+def test_a_two_worker_run_is_one_run_made_before_its_workers_start(
+        tmp_path: Path, staged_digits, mlflow_server):
+    """``train --workers 2``: the launcher starts the MLflow run and waits until it exists
+    before it starts the workers; then the chief worker (``training.launch.worker``)
+    logs each epoch into it, the other worker nothing. Each request to the server waits
+    3 s on its way, so a launcher that does not wait starts its workers seconds before
+    its run exists, and a chief that finds no run makes a second one (CI's run of stop
+    52: the launcher's sender, slow on a busy machine, lost that race). The client waits
+    60 s for an answer here, not 10: each chunk a request sends waits 3 s (urllib3 sends
+    a POST's headers and body apart), and on a busy machine a 10-s wait ran out, which
+    stopped the launcher's tracking before its run existed. And it retries 5 times, not
+    once: the server closes a connection idle for 5 s, and a request the proxy still
+    holds then finds it closed (RemoteDisconnected), a window the delay makes seconds
+    wide."""
+    slow = CutProxy("127.0.0.1", int(mlflow_server.url.rsplit(":", 1)[1]), latency_s=3.0)
+    try:
+        done = cli(tmp_path, "train", "--staging-dir", staged_digits.staging_dir,
+                   "--workers", "2", "--epochs", "2", "--backup-interval-s", "0",
+                   "--output-dir", str(tmp_path / "runs"), "--run-id", "two-workers",
+                   env={"TRAINING_MLFLOW_TRACKING_URI": slow.endpoint,
+                        "MLFLOW_TRACKING_URI": "", "MLFLOW_HTTP_REQUEST_TIMEOUT": "60",
+                        "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "5"})
+    finally:
+        slow.close()
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "MLflow tracking stopped" not in done.stderr, done.stderr[-3000:]
+    launched = next(line for line in done.stderr.splitlines() if "launching 2 workers" in line)
+    launched_at = datetime.strptime(launched[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+    history = json.loads(next((tmp_path / "runs").rglob("history.json")).read_text())
+    client = _client(mlflow_server)
+    [run] = client.search_runs([client.get_experiment_by_name("digits-mlp").experiment_id],
+                               filter_string="tags.`pipeline.run_id` = 'two-workers'")
+    assert run.info.start_time / 1000 < launched_at, (run.info.start_time, launched)
+    logged = client.get_metric_history(run.info.run_id, "loss")
+    assert [m.step for m in logged] == [0, 1], (logged, done.stderr[-6000:])
+    assert [m.value for m in logged] == pytest.approx(history["metrics"]["loss"], rel=1e-6)

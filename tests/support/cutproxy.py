@@ -1,19 +1,23 @@
-"""A TCP proxy on 127.0.0.1 whose link a test can cut and restore: the network between
-a client and a real server failing for a while, with the server's state kept."""
+"""A TCP proxy on 127.0.0.1 whose link a test can cut and restore, or make slow: the
+network between a client and a real server failing for a while, with the server's state
+kept, or a far server."""
 
 from __future__ import annotations
 
 import contextlib
 import socket
 import threading
+import time
 
 
 class CutProxy:
     """Forwards ``127.0.0.1:<port>`` to ``target``; ``cut()`` drops every connection and
-    refuses new ones until ``restore()``."""
+    refuses new ones until ``restore()``. With ``latency_s``, what the client sends waits
+    that long on its way (each request of a kept-alive HTTP connection, each time)."""
 
-    def __init__(self, target_host: str, target_port: int) -> None:
+    def __init__(self, target_host: str, target_port: int, *, latency_s: float = 0.0) -> None:
         self.target = (target_host, target_port)
+        self.latency_s = latency_s
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
         self.endpoint = f"http://127.0.0.1:{self.port}"
@@ -53,12 +57,13 @@ class CutProxy:
                 continue
             with self._lock:
                 self._open |= {client, upstream}
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+            for a, b, wait in ((client, upstream, self.latency_s), (upstream, client, 0.0)):
+                threading.Thread(target=self._pump, args=(a, b, wait), daemon=True).start()
 
-    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
+    def _pump(self, source: socket.socket, sink: socket.socket, wait: float) -> None:
         try:
             while data := source.recv(65536):
+                time.sleep(wait)
                 sink.sendall(data)
         except OSError:
             pass

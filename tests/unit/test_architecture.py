@@ -120,6 +120,8 @@ ENVIRONMENT_READERS = {
     "training/backend.py": "KERAS_BACKEND, Keras's contract with each process",
     "training/tracking/sender.py": "MLflow's client reads its HTTP retries and "
                                    "timeout (MLFLOW_HTTP_REQUEST_*) there",
+    "training/tracking/sender_pipe.py": "the sender process inherits the tracked "
+                                        "process's environment",
     "plugins/training_airflow/preflight.py": "the checks are of the environment itself",
 }
 

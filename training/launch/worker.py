@@ -25,7 +25,7 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from training.config import RunConfig
 from training.entry import run_command
@@ -46,12 +46,14 @@ def report_path(report_dir: str | Path, index: int) -> Path:
 
 
 def train_reporting(cfg: RunConfig, staged: StagedDataset,
-                    report_dir: str | Path | None = None) -> TrainResult:
+                    report_dir: str | Path | None = None, *,
+                    callbacks: Sequence[Any] = ()) -> TrainResult:
     """Train this worker's part of a multi-worker run (``TF_CONFIG`` set) with a
     ``WeightsReport``; print ``DIGEST_MARK`` and the final weights digest.
 
     Nothing is printed when the run was already trained (nothing ran). With
     ``report_dir`` the report is also written to ``report_path(report_dir, index)``.
+    ``callbacks`` join fit (the chief's per-epoch tracking).
     """
     from training.train import fit, keras_patches
     from training.train.callbacks.weights_report import WeightsReport
@@ -68,7 +70,7 @@ def train_reporting(cfg: RunConfig, staged: StagedDataset,
     # keras_patches.install_for(strategy) inside fit.train then adds only the rest).
     if cfg.runtime.backend == "tensorflow":
         keras_patches.enable()
-    result = fit.train(cfg, staged, extra_callbacks=[report])
+    result = fit.train(cfg, staged, extra_callbacks=[report, *callbacks])
     if report.digest is not None:  # None: the run was already trained, nothing ran
         print(f"{DIGEST_MARK}{report.digest}", flush=True)
     return result
@@ -78,10 +80,13 @@ def work(config: str, staged: str, report_dir: str | None) -> int:
     """Train this worker's part; print the digest and the result for the launcher."""
     from training import backend
     from training.data.snapshot.staging import StagedDataset
+    from training.run_extras import tracking_callbacks
+    from training.tracking import tracker_from_env
 
     cfg = RunConfig.from_file(config)
     backend.use(cfg.runtime.backend)  # before anything imports Keras
-    result = train_reporting(cfg, StagedDataset.read(staged), report_dir)
+    result = train_reporting(cfg, StagedDataset.read(staged), report_dir,
+                             callbacks=tracking_callbacks(tracker_from_env(), cfg))
     print(json.dumps({"trained": result.to_dict()}), flush=True)
     return 0
 

@@ -101,7 +101,7 @@ def run_trial(cfg: RunConfig, staged: StagedDataset, slot: int, launch: Launch, 
     from training.sweep import study, trial
     from training.tracking import tracker_from_env
 
-    tracker_from_env().warm()  # MLflow loads in its own thread while the trial trains
+    tracker_from_env().warm()  # MLflow loads in the sender process while the trial trains
     sweep = open_sweep(cfg, staged)
     ended = {"slot": slot, "run_id": trial.trial_run_id(cfg, slot),
              "run_dir": os.fspath(trial.trial_run_dir(cfg, slot))}

@@ -16,7 +16,7 @@ never trained again, and one trained with other settings is refused.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from training import backend
@@ -26,12 +26,17 @@ from training.errors import ConfigError, WorkersFailed
 from training.train import cluster
 
 
-def train(cfg: RunConfig, staged: StagedDataset, *,
-          extra_callbacks: Sequence[Any] = ()) -> dict[str, Any]:
+def train(cfg: RunConfig, staged: StagedDataset, *, extra_callbacks: Sequence[Any] = (),
+          tracking_callbacks: Callable[[], Sequence[Any]] = tuple) -> dict[str, Any]:
     """Train ``cfg`` on ``staged``; returns what training reported (``TrainResult``'s
     dict). Raises ``WorkersFailed`` with the launcher's exit status when a worker of a
     local multi-worker run fails. ``extra_callbacks`` (a sweep trial's pruning) join
-    ``fit`` in this process; a run trained elsewhere is refused them."""
+    ``fit`` in this process; a run trained elsewhere is refused them.
+    ``tracking_callbacks`` makes the callbacks that log each epoch to MLflow (the
+    chief's: ``run_extras``), called only where ``fit`` runs in this process, a pod's or
+    a worker's included: a run trained by other processes (the local launcher's workers,
+    a child of the other backend) never builds them (nor imports Keras for them), since
+    the process that trains makes its own."""
     if extra_callbacks and (cfg.runtime.workers > 1 or cluster.current()
                             or cfg.runtime.backend != backend.chosen()):
         raise ConfigError("a sweep trial's pruning callback runs only where the trial "
@@ -46,12 +51,12 @@ def train(cfg: RunConfig, staged: StagedDataset, *,
     if cluster.current():
         from training.launch.worker import train_reporting
 
-        return train_reporting(cfg, staged).to_dict()
+        return train_reporting(cfg, staged, callbacks=tracking_callbacks()).to_dict()
     if cfg.runtime.backend != backend.chosen():
         return _in_child(cfg, staged)  # `run` in TensorFlow's process, asked for jax
     from training.train.fit import train as fit
 
-    return fit(cfg, staged, extra_callbacks=extra_callbacks).to_dict()
+    return fit(cfg, staged, extra_callbacks=[*extra_callbacks, *tracking_callbacks()]).to_dict()
 
 
 def _in_child(cfg: RunConfig, staged: StagedDataset) -> dict[str, Any]:

@@ -55,6 +55,15 @@ def tracker_from_env() -> Any:
     return open_tracker(tracking_uri_from_env())
 
 
+def forget_tracker() -> None:
+    """Close this process's tracker (its sender process ends after the calls it holds)
+    and forget it: the next ``tracker_from_env`` reads the environment again (a test that
+    changes the tracking URI)."""
+    if tracker_from_env.cache_info().currsize:
+        tracker_from_env().close()
+    tracker_from_env.cache_clear()
+
+
 def registry_followers(tracker: Any) -> tuple[Any, ...]:
     """What follows the registry's production pointer (``ModelRegistry(followers=)``):
     the tracker's registry mirror when tracking is on, nothing otherwise."""

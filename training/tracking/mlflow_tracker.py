@@ -1,9 +1,10 @@
 """The MLflow calls of a pipeline run: found by its tag, params, epochs, the evaluation.
 
 ``MlflowTracker`` is what ``open_tracker`` returns when tracking is on. Each call the
-pipeline makes is handed to the sender (``sender.py``: one thread imports MLflow and makes
-the calls in order, and a server that does not answer turns tracking off for the process)
-and returns at once; the ``_`` methods here are what the sender runs.
+pipeline makes is handed to the sender (``sender.py``: a process of its own imports MLflow
+and makes the calls in order, and a server that does not answer turns tracking off for
+the process) and returns at once; the ``_`` methods here are what the sender process
+runs, by name.
 
 A pipeline run's MLflow run is in the experiment named after the model and carries the
 tag ``pipeline.run_id``; any process finds it by that tag and creates it when none has
@@ -41,42 +42,41 @@ class MlflowTracker(MlflowSender, RegistryMirror):
     # What the pipeline calls: each asks the sender, and returns at once.
 
     def start(self, cfg: Any, **kwargs: Any) -> None:
-        self._later("logging the config", lambda: self._start(cfg, **kwargs))
+        self._later("logging the config", "_start", cfg, **kwargs)
 
     def set_tags(self, model: str, run_id: str, tags: Mapping[str, Any]) -> None:
-        self._later("tagging the run", lambda: self._set_tags(model, run_id, tags))
+        self._later("tagging the run", "_set_tags", model, run_id, dict(tags))
 
     def log_metrics(self, model: str, run_id: str, values: Mapping[str, Any],
                     step: int = 0) -> None:
-        self._later("logging metrics", lambda: self._log_metrics(model, run_id, dict(values),
-                                                                 step))
+        self._later("logging metrics", "_log_metrics", model, run_id, dict(values), step)
 
     def log_evaluation(self, model: str, run_id: str, evaluation: Mapping[str, Any]) -> None:
-        self._later("logging the evaluation",
-                    lambda: self._log_evaluation(model, run_id, evaluation))
+        self._later("logging the evaluation", "_log_evaluation", model, run_id, evaluation)
 
     def log_files(self, model: str, run_id: str, paths: Mapping[str, Path]) -> None:
-        self._later("uploading files", lambda: self._log_files(model, run_id, paths))
+        self._later("uploading files", "_log_files", model, run_id, dict(paths))
 
     def end(self, model: str, run_id: str, state: str, reason: str = "", *,
             parent_run_id: str | None = None) -> None:
-        self._later("ending the run", lambda: self._end(
-            model, run_id, state, reason, parent_run_id=parent_run_id))
+        self._later("ending the run", "_end", model, run_id, state, reason,
+                    parent_run_id=parent_run_id)
 
     def pointer_moved(self, name: str, pointer: dict[str, Any], store_uri: str) -> None:
-        self._later(f"following {name}'s production",
-                    lambda: self._pointer_moved(name, dict(pointer), store_uri))
+        self._later(f"following {name}'s production", "_pointer_moved", name, dict(pointer),
+                    store_uri)
 
     def registered(self, name: str, version: str, store_uri: str,
                    run_id: str | None = None) -> None:
-        self._later(f"registering {name} version {version}",
-                    lambda: self._registered(name, version, store_uri, run_id))
+        self._later(f"registering {name} version {version}", "_registered", name, version,
+                    store_uri, run_id)
 
     def sync(self, registry: Any) -> dict[str, Any]:
-        """The registry's mirror repaired (``RegistryMirror._sync``), here and now."""
-        self.warm()
+        """The registry's mirror repaired (``RegistryMirror._sync``), here and now, after
+        the calls asked for before (a client of this process's own)."""
         self.flush()
-        self._ready.wait()
+        if self.client is None:
+            self._safely("loading MLflow's client", self.connect)
         return self._sync(registry)
 
     # -- the run
