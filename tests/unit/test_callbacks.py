@@ -93,3 +93,59 @@ def test_resumable_backup_describes_the_watched_callbacks(tmp_path):
     assert described["early_stopping"]["best_weights"] is None
     assert set(described) == {"early_stopping", "reduce_lr_on_plateau", "model_checkpoint",
                               "learning_rate"}
+
+
+@pytest.mark.parametrize("signalled_in", [2, 3])  # of 3 epochs: one follows, none follows
+def test_a_stop_signal_in_validation_lets_every_callback_see_the_epoch_end(tmp_path,
+                                                                          signalled_in):
+    """SIGTERM (``stop_signal``, as ``preemption.stop_on_sigterm`` sets it) during an
+    epoch's validation: its backup says the epoch completed, so the callbacks after the
+    backup (a sweep's pruning report, the epoch's tracking) must see that epoch end
+    before training stops, or the resumed run, which starts after it, never gives it
+    them (a trial's objective lost epoch 5 in CI)."""
+    import signal
+
+    import keras
+
+    from training.errors import Preempted
+    from training.train import resume
+    from training.train.callbacks.backup import ResumableBackup
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    model.compile(keras.optimizers.SGD(0.1), "mse")
+    backup = ResumableBackup(tmp_path / "backup", **_watched(tmp_path))
+
+    class SignalInValidation(keras.callbacks.Callback):
+        epoch = 0
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self.epoch = epoch
+
+        def on_test_begin(self, logs=None):
+            if self.epoch + 1 == signalled_in:
+                backup.stop_signal = signal.SIGTERM
+
+    class After(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.began: list[int] = []
+            self.ended: list[int] = []
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self.began.append(epoch + 1)
+
+        def on_epoch_end(self, epoch, logs=None):
+            self.ended.append(epoch + 1)
+
+    after = After()
+    x = np.random.default_rng(0).normal(size=(16, 3)).astype("float32")
+    with pytest.raises(Preempted) as stopped:
+        model.fit(x, x[:, :2], validation_data=(x, x[:, :2]), epochs=3, batch_size=8,
+                  verbose=0, callbacks=[SignalInValidation(), backup, after])
+    assert (stopped.value.epoch, stopped.value.batch) == (signalled_in + 1, 0)
+    assert after.ended == list(range(1, signalled_in + 1))  # the stopped epoch's end too
+    assert after.began == list(range(1, signalled_in + 1))  # and no epoch after it
+    state = resume.read(tmp_path / "backup")
+    assert state is not None and state["epochs_completed"] == signalled_in, state
+    assert state["mid_epoch"] is None

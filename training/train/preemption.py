@@ -8,9 +8,10 @@ of the batch running then (or of the first batch, when the signal came while ``f
 starting an epoch): it writes a backup marked ``mid_epoch`` and raises
 ``training.errors.Preempted``, a ``SystemExit`` with code 143 (128 + SIGTERM), so
 ``python -m training train`` exits 143 as a process killed by SIGTERM would. A signal
-that arrives during validation or the epoch-end callbacks is acted on right after that
-epoch's ordinary backup. Acting inside the handler itself would interrupt arbitrary
-Python code, a half-written backup included.
+that arrives during validation or the epoch-end callbacks is acted on after that epoch's
+ordinary backup, once every callback has seen the epoch end (a sweep's pruning report,
+the epoch's tracking), before the next epoch begins. Acting inside the handler itself
+would interrupt arbitrary Python code, a half-written backup included.
 
 The previous handler is restored when ``fit`` returns; a signal that came after the last
 epoch is then handed to it. A step stuck in TensorFlow (an all-reduce that never

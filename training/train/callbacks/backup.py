@@ -100,6 +100,7 @@ class ResumableBackup(keras.callbacks.BackupAndRestore):
         self.restored: dict[str, Any] | None = None  # describe() right after a restore
         self.stop_signal: int | None = None  # set by preemption.stop_on_sigterm
         self._epoch = 0  # index of the epoch in progress
+        self._stop_pending = False  # the epoch ended after a stop signal (on_epoch_end)
         self._best_saved: Any = None  # the best_weights object best.weights.h5 holds
         self.min_interval_s = min_interval_s
         self._last_commit = time.monotonic()
@@ -193,6 +194,7 @@ class ResumableBackup(keras.callbacks.BackupAndRestore):
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         self.epochs, self.metrics, self.restored = [], {}, None
+        self._stop_pending = False
         self._best_saved = None
         own = self.path
         files.finish_dir_swap(own, last_file=STATE_FILE)
@@ -236,6 +238,7 @@ class ResumableBackup(keras.callbacks.BackupAndRestore):
         log.info("%s %s", resume.RESTORED_MARK, json.dumps(self.restored, sort_keys=True))
 
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        self._stop_if_pending()
         self._epoch = epoch
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
@@ -257,12 +260,21 @@ class ResumableBackup(keras.callbacks.BackupAndRestore):
             self._commit(epoch + 1)
             self._last_commit = time.monotonic()
         if self.stop_signal is not None:
+            # Stopped at the next hook, not here: the callbacks after this one see the
+            # epoch end first (a sweep's pruning report, the epoch's tracking), or a
+            # resumed run, which starts after this epoch, would never give them it.
             self._epoch = epoch + 1
-            self._stop(0)
+            self._stop_pending = True
 
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
         super().on_train_end(logs)
         files.finish_dir_swap(self.path, last_file=STATE_FILE)  # no leftovers
+        self._stop_if_pending()  # a signal in the last epoch's validation
+
+    def _stop_if_pending(self) -> None:
+        if self._stop_pending:
+            self._stop_pending = False
+            self._stop(0)
 
     def _stop(self, batch: int) -> None:
         name = signal.Signals(self.stop_signal).name
