@@ -1,7 +1,7 @@
 """System: people in the loop, on ``./dev airflow`` in headless Chromium.
 
 The stack (``conftest.py``) sends alerts to an SMTP server and a webhook receiver on
-127.0.0.1 and gives ``keras_retrain`` runs a deadline of two minutes. Runs that require
+127.0.0.1 and gives ``keras_retrain`` runs a deadline of one minute. Runs that require
 approval are started over REST (the trigger form has its own journey); what a person
 does is done in the browser:
 
