@@ -1,7 +1,7 @@
 """The sender process (training/tracking/sender.py, tracking_process.py): MLflow's calls
 made by a process of its own, at nice 10, so the tracked process never imports MLflow and
-MLflow's CPU is what training leaves; what MLflow
-did not get, and why, comes back; a sender process that dies stops tracking at once.
+MLflow's CPU is what training leaves; what MLflow did not get, and why, comes back; a
+sender process that dies stops tracking at once.
 
 Real MLflow on a SQLite store in a temporary directory; the tracked process is a real
 subprocess (a fresh interpreter, so ``sys.modules`` says what it imported).
@@ -88,4 +88,3 @@ def test_a_killed_sender_process_stops_tracking_and_loses_no_wait(tmp_path: Path
     assert said["stopped"].startswith("the MLflow sender process ended (exit -9)"), said
     assert "warning: MLflow tracking stopped for this process (the MLflow sender" in log, log
     assert said["missed"], said
-
