@@ -65,8 +65,7 @@ def component_env(env: Mapping[str, str], host: str | None = None, port: int | N
         "AIRFLOW__CORE__PARALLELISM": str(max(2, os.cpu_count() or 2)),
         "AIRFLOW__DAG_PROCESSOR__PARSING_PROCESSES": "1",
         "AIRFLOW__API__WORKERS": "1",
-        # The API server answers late while training takes every core (default 5 s).
-        "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT": "30",
+        "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT": "30",  # late answers while training
         "AIRFLOW__API__HOST": effective_host,
         "AIRFLOW__API__PORT": str(effective_port),
     }

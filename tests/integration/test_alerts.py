@@ -267,7 +267,10 @@ def test_a_receiver_down_is_logged_and_reported_never_raised(monkeypatch, caplog
         outcome = alerts.on_task_failure(_context("train", RuntimeError("boom")))
     assert outcome["email"].startswith("failed: ConnectionRefusedError")
     assert outcome["webhook"].startswith("failed: ConnectionError")
-    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    # Ours only: Airflow's secrets masker may add "Skipping masking for a secret as it's
+    # too short", depending on what earlier tests in this process registered (CI: 3 == 2).
+    warnings = [r.getMessage() for r in caplog.records
+                if r.levelno == logging.WARNING and r.name == "training_airflow.alerts"]
     assert len(warnings) == 2
     assert "connection 'training_alerts_email'" in warnings[0]
     assert "connection 'training_alerts_webhook'" in warnings[1]
