@@ -189,8 +189,6 @@ class ProductionStack:
             # A worker that dies with its tasks (a lost machine) is noticed in a minute
             # rather than Airflow's default five, and the task goes to its retries.
             "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "60",
-            # The API server answers late while training takes every core (default 5 s).
-            "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT": "30",
             "AIRFLOW_CONN_AWS_DEFAULT": json.dumps(self.seaweedfs.connection(self.store_identity)),
             "TRAINING_DATA_DIR": os.fspath(self.root / "data"),
             "TRAINING_STORE_URI": f"s3://{self.bucket}/registry",
